@@ -1,0 +1,195 @@
+"""The one KV seam of fs3, shaped after FoundationDB.
+
+mgmtd and meta see only :class:`Database` and :class:`Transaction`. A transaction
+function is plain synchronous code (no awaits inside a transaction keeps them
+short and lets every engine run it on a worker thread); :meth:`Database.run`
+retries it on conflicts and other retryable errors, so the function must not have
+side effects outside the transaction.
+
+Semantics every engine provides (checked by ``tests/contract/test_kv.py``):
+
+* serializable transactions: a committed transaction behaves as if it ran alone;
+  a transaction whose (non-snapshot) reads were invalidated by a concurrent commit
+  fails with ``KV_CONFLICT`` and is retried by :meth:`Database.run`;
+* reads see the transaction's own writes;
+* ``snapshot=True`` reads add nothing to the read-conflict set; explicit
+  :meth:`Transaction.add_read_conflict_range` adds a range without reading it;
+* a function that raises leaves nothing behind;
+* keys and values are ``bytes``; keys are ordered bytewise (pack them with
+  ``fs3.kv.keys``, i.e. the FoundationDB tuple layer, so every engine orders alike).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TypeVar
+
+from fs3.errors import Code, FsError
+
+T = TypeVar("T")
+
+log = logging.getLogger("fs3.kv")
+
+KeyValue = tuple[bytes, bytes]
+
+# FoundationDB's limits; every engine enforces them so code that works on the
+# embedded engine also works in production.
+MAX_KEY_SIZE = 10_000
+MAX_VALUE_SIZE = 100_000
+
+
+def key_after(key: bytes) -> bytes:
+    """The first key strictly greater than ``key`` (for single-key ranges)."""
+    return key + b"\x00"
+
+
+def strinc(prefix: bytes) -> bytes:
+    """The first key greater than every key that starts with ``prefix``."""
+    p = prefix.rstrip(b"\xff")
+    if not p:
+        raise ValueError("prefix must contain a byte other than 0xff")
+    return p[:-1] + bytes([p[-1] + 1])
+
+
+class Transaction(ABC):
+    """One serializable transaction. Not thread-safe; use from one thread."""
+
+    @abstractmethod
+    def get(self, key: bytes, *, snapshot: bool = False) -> bytes | None:
+        """The value of ``key`` or None. Non-snapshot reads join the conflict set."""
+
+    @abstractmethod
+    def get_range(
+        self,
+        begin: bytes,
+        end: bytes,
+        *,
+        limit: int = 0,
+        reverse: bool = False,
+        snapshot: bool = False,
+    ) -> list[KeyValue]:
+        """Pairs with ``begin <= key < end`` in key order (descending if ``reverse``).
+
+        ``limit`` > 0 caps the number of pairs. A non-snapshot read adds the range
+        actually covered (up to the last key returned when limited) to the
+        read-conflict set.
+        """
+
+    @abstractmethod
+    def set(self, key: bytes, value: bytes) -> None:
+        """Write ``key`` = ``value`` (visible to this transaction at once)."""
+
+    @abstractmethod
+    def clear(self, key: bytes) -> None:
+        """Delete ``key`` if present."""
+
+    @abstractmethod
+    def clear_range(self, begin: bytes, end: bytes) -> None:
+        """Delete every key with ``begin <= key < end``."""
+
+    @abstractmethod
+    def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
+        """Make the commit fail if another transaction wrote into [begin, end)."""
+
+    def add_read_conflict_key(self, key: bytes) -> None:
+        """Make the commit fail if another transaction wrote ``key``."""
+        self.add_read_conflict_range(key, key_after(key))
+
+    @abstractmethod
+    def commit(self) -> None:
+        """Commit, or raise ``FsError(KV_CONFLICT)`` (retryable)."""
+
+    @abstractmethod
+    def cancel(self) -> None:
+        """Abandon the transaction; nothing it wrote becomes visible."""
+
+    # Helpers shared by every engine -------------------------------------------
+
+    @staticmethod
+    def check_key(key: bytes) -> None:
+        if not isinstance(key, bytes | bytearray):
+            raise FsError(Code.INVALID_ARGUMENT, f"KV key must be bytes, not {type(key).__name__}")
+        if len(key) > MAX_KEY_SIZE:
+            raise FsError(Code.KV_TOO_LARGE, f"KV key of {len(key)} bytes exceeds {MAX_KEY_SIZE}")
+
+    @staticmethod
+    def check_value(value: bytes) -> None:
+        if not isinstance(value, bytes | bytearray):
+            raise FsError(
+                Code.INVALID_ARGUMENT, f"KV value must be bytes, not {type(value).__name__}"
+            )
+        if len(value) > MAX_VALUE_SIZE:
+            raise FsError(
+                Code.KV_TOO_LARGE, f"KV value of {len(value)} bytes exceeds {MAX_VALUE_SIZE}"
+            )
+
+
+class Database(ABC):
+    """A transactional ordered KV store.
+
+    Args (of :meth:`run`):
+        max_retries: give up after this many retryable failures.
+        timeout_s: give up when retrying takes longer than this.
+    """
+
+    #: short name of the engine ("memory", "sqlite", "fdb")
+    engine: str = "abstract"
+
+    def __init__(self) -> None:
+        self.retries = 0  # retryable failures seen by run(), for metrics and tests
+        self._rng = random.Random()
+
+    @abstractmethod
+    def create_transaction(self) -> Transaction:
+        """A new transaction; most callers want :meth:`run` instead."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the engine's resources."""
+
+    def run(self, fn: Callable[[Transaction], T], *, max_retries: int = 100, timeout_s: float = 30.0) -> T:
+        """Run ``fn`` in a transaction, committing it; retry on retryable errors.
+
+        Raises the last error if ``fn`` keeps failing past ``max_retries`` or
+        ``timeout_s``; a non-retryable exception from ``fn`` is raised at once and
+        nothing ``fn`` wrote is kept.
+        """
+        deadline = time.monotonic() + timeout_s
+        backoff = 0.001
+        attempt = 0
+        while True:
+            tr = self.create_transaction()
+            try:
+                result = fn(tr)
+                tr.commit()
+                return result
+            except FsError as e:
+                tr.cancel()
+                if not e.retryable:
+                    raise
+                attempt += 1
+                self.retries += 1
+                if attempt > max_retries or time.monotonic() + backoff > deadline:
+                    log.warning("kv transaction gave up after %d attempts: %s", attempt, e)
+                    raise
+                time.sleep(backoff * (0.5 + self._rng.random()))
+                backoff = min(backoff * 2, 0.1)
+            except BaseException:
+                tr.cancel()
+                raise
+
+    async def run_async(
+        self, fn: Callable[[Transaction], T], *, max_retries: int = 100, timeout_s: float = 30.0
+    ) -> T:
+        """:meth:`run` on a worker thread, for asyncio servers (engines block)."""
+        return await asyncio.to_thread(self.run, fn, max_retries=max_retries, timeout_s=timeout_s)
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""Generated gRPC/protobuf code (scripts/gen_proto.py). Do not edit."""

@@ -1,0 +1,1 @@
+"""gRPC plumbing: the only package (with fs3.proto) that imports grpc."""

@@ -1,0 +1,85 @@
+"""gRPC channel helpers for clients of fs3 services.
+
+Channels are cached per (address, loop) because creating one costs a
+connection handshake; :func:`call` turns ``grpc.RpcError`` into ``FsError``
+with :mod:`fs3.rpc.status`, so callers only ever handle fs3 errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from grpc import aio
+
+from fs3.rpc.server import MAX_MESSAGE_BYTES
+from fs3.rpc.status import from_rpc_error
+
+T = TypeVar("T")
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+    ("grpc.enable_retries", 0),
+]
+
+
+def insecure_channel(address: str) -> aio.Channel:
+    """A new grpc.aio channel to ``address`` with fs3's options."""
+    return aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+def sync_channel(address: str) -> grpc.Channel:
+    """A blocking channel (CLI tools, tests)."""
+    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+class ChannelPool:
+    """One grpc.aio channel per address, for the event loop that owns the pool."""
+
+    def __init__(self) -> None:
+        self._channels: dict[str, aio.Channel] = {}
+
+    def get(self, address: str) -> aio.Channel:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = insecure_channel(address)
+            self._channels[address] = ch
+        return ch
+
+    async def drop(self, address: str) -> None:
+        ch = self._channels.pop(address, None)
+        if ch is not None:
+            await ch.close()
+
+    async def close(self) -> None:
+        chans, self._channels = list(self._channels.values()), {}
+        await asyncio.gather(*(c.close() for c in chans), return_exceptions=True)
+
+
+async def call(method: Callable[..., Awaitable[T]], request: Any, *, timeout: float | None = None, what: str = "") -> T:
+    """Invoke a grpc.aio stub method, mapping failures to ``FsError``."""
+    try:
+        return await method(request, timeout=timeout)
+    except grpc.RpcError as e:
+        raise from_rpc_error(e, what or _method_name(method)) from None
+
+
+def _method_name(method: Any) -> str:
+    name = getattr(method, "_method", None)
+    return name.decode(errors="replace") if isinstance(name, bytes) else "rpc"
+
+
+def call_sync(method: Callable[..., T], request: Any, *, timeout: float | None = None, what: str = "rpc") -> T:
+    """Invoke a blocking stub method, mapping failures to ``FsError``."""
+    try:
+        return method(request, timeout=timeout)
+    except grpc.RpcError as e:
+        raise from_rpc_error(e, what) from None

@@ -1,0 +1,1 @@
+"""fs3.transport."""
