@@ -45,6 +45,7 @@ class NodeSection:
     host: str = "127.0.0.1"  # address to listen on and to advertise
     port: int = 0  # gRPC port; 0 picks a free port (and advertises it)
     data_dir: str = ""  # where the process keeps local state (storage: targets)
+    name: str = ""  # human name advertised to mgmtd, e.g. "storage-1" ("" = none)
 
     def validate(self) -> None:
         _check(0 <= self.port <= 65535, "port must be 0..65535")
@@ -130,8 +131,13 @@ class MetaSection:
     gc_delay_s: float = 0.0  # delay before removing chunks of deleted files
     statfs_cache_s: float = 5.0
     routing_refresh_s: float = 2.0
+    heartbeat_interval_s: float = 10.0  # heartbeats to mgmtd (so clients find meta in routing)
+    request_record_ttl_s: float = 1800.0  # keep idempotency records of requests this long
 
     def validate(self) -> None:
+        _check(self.heartbeat_interval_s > 0, "heartbeat_interval_s must be > 0")
+        _check(self.request_record_ttl_s > 0, "request_record_ttl_s must be > 0")
+        _check(self.gc_delay_s >= 0, "gc_delay_s must be >= 0")
         cs = self.default_chunk_size
         _check(cs >= 4096 and cs & (cs - 1) == 0, "default_chunk_size must be a power of two >= 4096")
         _check(self.default_stripe >= 1, "default_stripe must be >= 1")
@@ -154,8 +160,8 @@ class StorageSection:
 
     def validate(self) -> None:
         _check(
-            not self.target_ids or len(self.target_ids) == len(self.targets),
-            "target_ids must be empty or as long as targets",
+            not self.target_ids or not self.targets or len(self.target_ids) == len(self.targets),
+            "target_ids must be empty or as long as targets (with no targets: <data_dir>/t<N> per id)",
         )
         _check(0 < self.low_space_ratio <= 1, "low_space_ratio must be in (0, 1]")
 
@@ -166,9 +172,20 @@ class TransportSection:
 
     kind: str = "grpc"  # grpc | tcp | shm
     tcp_port: int = 0  # storage: port of the framed TCP data listener (0 = free port)
+    timeout_s: float = 30.0  # a tcp frame that does not arrive in this time fails (retryable)
+    region_check_interval_s: float = 1.0  # storage: drop shm regions of dead owner pids this often
+    shm_staging_bytes: int = 64 << 20  # client: shm staging arena for buffers outside registered regions
+    shm_staging_max_bytes: int = 512 << 20  # client: cap on all staging arenas together
 
     def validate(self) -> None:
         _check(self.kind in {"grpc", "tcp", "shm"}, "kind must be grpc, tcp or shm")
+        _check(self.timeout_s > 0, "timeout_s must be > 0")
+        _check(self.region_check_interval_s > 0, "region_check_interval_s must be > 0")
+        _check(self.shm_staging_bytes >= 1 << 20, "shm_staging_bytes must be >= 1 MiB")
+        _check(
+            self.shm_staging_max_bytes >= self.shm_staging_bytes,
+            "shm_staging_max_bytes must be >= shm_staging_bytes",
+        )
 
 
 @dataclass
@@ -195,6 +212,21 @@ class FuseSection:
     writeback_cache: bool = False
     allow_other: bool = True
     log_file: str = ""  # daemon log; empty: <state dir>/fuse-<mountpoint>.log
+    max_background: int = 64  # kernel: async requests (readahead, writeback) in flight per mount
+    max_tasks: int = 256  # pyfuse3 worker tasks (requests served concurrently)
+    write_buffer: bool = True  # coalesce small sequential writes into chunk-sized storage writes
+    write_behind_chunks: int = 8  # buffered chunk writes in flight per mount before write() waits
+    write_buffer_age_s: float = 1.0  # a partly filled write buffer is flushed after this long
+
+    def validate(self) -> None:
+        _check(self.attr_timeout_s >= 0, "attr_timeout_s must be >= 0")
+        _check(self.entry_timeout_s >= 0, "entry_timeout_s must be >= 0")
+        _check(self.negative_timeout_s >= 0, "negative_timeout_s must be >= 0")
+        _check(self.max_readahead_kb >= 0, "max_readahead_kb must be >= 0")
+        _check(1 <= self.max_background <= 65535, "max_background must be 1..65535")
+        _check(self.max_tasks >= 1, "max_tasks must be >= 1")
+        _check(self.write_behind_chunks >= 1, "write_behind_chunks must be >= 1")
+        _check(self.write_buffer_age_s > 0, "write_buffer_age_s must be > 0")
 
 
 # --------------------------------------------------------------------------- services

@@ -98,7 +98,8 @@ class Transaction(ABC):
 
     def add_read_conflict_key(self, key: bytes) -> None:
         """Make the commit fail if another transaction wrote ``key``."""
-        self.add_read_conflict_range(key, key_after(key))
+        self.check_key(key)
+        self.add_read_conflict_range(key, key_after(bytes(key)))
 
     @abstractmethod
     def commit(self) -> None:

@@ -78,7 +78,9 @@ class MemoryDatabase(Database):
                     for w in ranges:
                         for r in tr.read_ranges:
                             if _overlaps(w, r):
-                                raise FsError(Code.KV_CONFLICT, "transaction conflict", retryable=True)
+                                raise FsError(
+                                    Code.KV_CONFLICT, "transaction conflict", retryable=True
+                                )
             if not tr.writes and not tr.cleared:
                 return
             self._version += 1
@@ -164,6 +166,12 @@ class MemoryTransaction(Transaction):
         snapshot: bool = False,
     ) -> list[KeyValue]:
         self._check_open()
+        self.check_key(begin)
+        self.check_key(end)
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise FsError(
+                Code.INVALID_ARGUMENT, f"get_range limit must be an int >= 0, not {limit!r}"
+            )
         begin, end = bytes(begin), bytes(end)
         faults.maybe_fail("kv.get_range")
         if begin >= end:
@@ -200,6 +208,8 @@ class MemoryTransaction(Transaction):
 
     def clear_range(self, begin: bytes, end: bytes) -> None:
         self._check_open()
+        self.check_key(begin)
+        self.check_key(end)
         begin, end = bytes(begin), bytes(end)
         if begin >= end:
             return
@@ -209,6 +219,8 @@ class MemoryTransaction(Transaction):
 
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
         self._check_open()
+        self.check_key(begin)
+        self.check_key(end)
         self.read_ranges.append((bytes(begin), bytes(end)))
 
     def commit(self) -> None:

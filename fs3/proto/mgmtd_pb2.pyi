@@ -83,7 +83,7 @@ class NodeInfo(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., type: _Optional[_Union[NodeType, str]] = ..., address: _Optional[str] = ..., data_address: _Optional[str] = ..., hostname: _Optional[str] = ..., status: _Optional[_Union[NodeStatus, str]] = ..., last_heartbeat: _Optional[float] = ..., tags: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ...) -> None: ...
 
 class TargetInfo(_message.Message):
-    __slots__ = ("target_id", "node_id", "chain_id", "public_state", "local_state", "used_bytes", "free_bytes", "capacity_bytes", "error_count", "low_space")
+    __slots__ = ("target_id", "node_id", "chain_id", "public_state", "local_state", "used_bytes", "free_bytes", "capacity_bytes", "error_count", "low_space", "admin_offline", "last_report")
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,8 @@ class TargetInfo(_message.Message):
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     ERROR_COUNT_FIELD_NUMBER: _ClassVar[int]
     LOW_SPACE_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_OFFLINE_FIELD_NUMBER: _ClassVar[int]
+    LAST_REPORT_FIELD_NUMBER: _ClassVar[int]
     target_id: int
     node_id: int
     chain_id: int
@@ -104,7 +106,9 @@ class TargetInfo(_message.Message):
     capacity_bytes: int
     error_count: int
     low_space: bool
-    def __init__(self, target_id: _Optional[int] = ..., node_id: _Optional[int] = ..., chain_id: _Optional[int] = ..., public_state: _Optional[_Union[PublicTargetState, str]] = ..., local_state: _Optional[_Union[LocalTargetState, str]] = ..., used_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., error_count: _Optional[int] = ..., low_space: _Optional[bool] = ...) -> None: ...
+    admin_offline: bool
+    last_report: float
+    def __init__(self, target_id: _Optional[int] = ..., node_id: _Optional[int] = ..., chain_id: _Optional[int] = ..., public_state: _Optional[_Union[PublicTargetState, str]] = ..., local_state: _Optional[_Union[LocalTargetState, str]] = ..., used_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., error_count: _Optional[int] = ..., low_space: _Optional[bool] = ..., admin_offline: _Optional[bool] = ..., last_report: _Optional[float] = ...) -> None: ...
 
 class ChainTargetInfo(_message.Message):
     __slots__ = ("target_id", "public_state")
@@ -287,16 +291,24 @@ class CreateChainTableRequest(_message.Message):
     def __init__(self, table_id: _Optional[int] = ..., replicas: _Optional[int] = ..., node_ids: _Optional[_Iterable[int]] = ..., desc: _Optional[str] = ...) -> None: ...
 
 class ChainBalance(_message.Message):
-    __slots__ = ("max_pair", "min_pair", "max_chains_per_target", "min_chains_per_target")
+    __slots__ = ("max_pair", "min_pair", "max_chains_per_target", "min_chains_per_target", "unused_targets", "max_chains_per_node", "min_chains_per_node", "mean_pair")
     MAX_PAIR_FIELD_NUMBER: _ClassVar[int]
     MIN_PAIR_FIELD_NUMBER: _ClassVar[int]
     MAX_CHAINS_PER_TARGET_FIELD_NUMBER: _ClassVar[int]
     MIN_CHAINS_PER_TARGET_FIELD_NUMBER: _ClassVar[int]
+    UNUSED_TARGETS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHAINS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    MIN_CHAINS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    MEAN_PAIR_FIELD_NUMBER: _ClassVar[int]
     max_pair: int
     min_pair: int
     max_chains_per_target: int
     min_chains_per_target: int
-    def __init__(self, max_pair: _Optional[int] = ..., min_pair: _Optional[int] = ..., max_chains_per_target: _Optional[int] = ..., min_chains_per_target: _Optional[int] = ...) -> None: ...
+    unused_targets: int
+    max_chains_per_node: int
+    min_chains_per_node: int
+    mean_pair: float
+    def __init__(self, max_pair: _Optional[int] = ..., min_pair: _Optional[int] = ..., max_chains_per_target: _Optional[int] = ..., min_chains_per_target: _Optional[int] = ..., unused_targets: _Optional[int] = ..., max_chains_per_node: _Optional[int] = ..., min_chains_per_node: _Optional[int] = ..., mean_pair: _Optional[float] = ...) -> None: ...
 
 class CreateChainTableResponse(_message.Message):
     __slots__ = ("table", "chains", "balance")
@@ -333,3 +345,17 @@ class ReportTargetErrorRequest(_message.Message):
     kind: str
     detail: str
     def __init__(self, target_id: _Optional[int] = ..., node_id: _Optional[int] = ..., kind: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class MgmtdLease(_message.Message):
+    __slots__ = ("node_id", "address", "lease_start", "lease_end", "release")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_START_FIELD_NUMBER: _ClassVar[int]
+    LEASE_END_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    address: str
+    lease_start: float
+    lease_end: float
+    release: int
+    def __init__(self, node_id: _Optional[int] = ..., address: _Optional[str] = ..., lease_start: _Optional[float] = ..., lease_end: _Optional[float] = ..., release: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,817 @@
+"""AsyncClient: the runtime-independent asyncio core of every fs3 client.
+
+One object per client process holds everything a client needs (3FS's FUSE
+daemon does the same, §7.1): the mgmtd client and routing watcher, the meta
+client (failover between meta servers), the storage client (chunk I/O over a
+bulk transport) and the open file handles with their unreported lengths.
+
+Its API mirrors the FUSE low-level operations and works on **inode numbers**
+and **bytes names**, taking the caller's identity (:class:`Caller`) on every
+namespace operation, so
+
+* the FUSE daemon (trio) maps each pyfuse3 handler to one call, through
+  ``await bridge.trio_run(client.<op>(...))`` (:mod:`fs3.client.bridge`);
+* the sync Python API (:mod:`fs3.client.file_api`) resolves paths with
+  :meth:`AsyncClient.resolve` and calls the same operations through
+  ``bridge.run(...)``;
+* the USRBIO agent uses :meth:`read_into_chunks` style calls with its own buffers.
+
+All coroutines must run on the event loop the client was created on (the
+bridge loop). Errors are :class:`~fs3.errors.FsError`; ``err.errno`` is what a
+POSIX caller should see (``err.to_oserror()``).
+
+Semantics (issue 5 §1):
+
+* **Writes** are write-through: :meth:`write` returns after every chunk piece
+  was committed by its chain (the head acks after the tail committed). The
+  file length lives in meta; a handle remembers the highest end offset it wrote
+  and reports it as a length hint on :meth:`flush`/:meth:`fsync`/:meth:`release`
+  and every ``length_report_interval_s`` for long writers. Hints never shrink a
+  file and are ignored by meta after a truncate (``truncate_version``).
+* **Reads** return bytes up to the file length (meta's length, raised by this
+  client's own unreported writes; re-read from meta when a read reaches the
+  cached EOF). Holes read as zeros; reads past EOF are short.
+* **Truncate** (:meth:`setattr` with ``size``, or ``O_TRUNC``): meta records
+  the length and bumps ``truncate_version``; when the file shrank the client
+  removes chunks past the new end and cuts the boundary chunk on every replica
+  before returning, so a later extension reads zeros.
+* **Durability**: :meth:`fsync` and :meth:`release` return after the data is
+  committed (always, see writes) and the length is recorded in meta.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno as _errno
+import itertools
+import logging
+import os
+import socket
+import stat as _stat
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fs3 import config as _config
+from fs3.client.layout import Layout
+from fs3.client.meta_client import MetaClient, new_request_id
+from fs3.client.retry import RetryPolicy
+from fs3.client.routing import Routing, RoutingWatcher
+from fs3.client.storage_client import StorageClient
+from fs3.errors import Code, FsError, posix
+from fs3.proto import common_pb2, meta_pb2
+from fs3.rpc.channel import ChannelPool
+from fs3.transport.base import ClientTransport
+
+log = logging.getLogger("fs3.client")
+
+ROOT_INODE = 1
+MAX_SYMLINK_FOLLOW = 40
+NAME_MAX = 255
+
+# SetAttr valid bits (meta.proto SetAttrField), re-exported for callers.
+SETATTR_MODE = meta_pb2.SETATTR_MODE
+SETATTR_UID = meta_pb2.SETATTR_UID
+SETATTR_GID = meta_pb2.SETATTR_GID
+SETATTR_SIZE = meta_pb2.SETATTR_SIZE
+SETATTR_ATIME = meta_pb2.SETATTR_ATIME
+SETATTR_MTIME = meta_pb2.SETATTR_MTIME
+SETATTR_ATIME_NOW = meta_pb2.SETATTR_ATIME_NOW
+SETATTR_MTIME_NOW = meta_pb2.SETATTR_MTIME_NOW
+
+Attr = meta_pb2.Attr
+DirEntry = meta_pb2.DirEntry
+StatFs = meta_pb2.StatFsResponse
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is asking: the identity meta checks permissions against.
+
+    FUSE: ``Caller.from_pid(ctx.uid, ctx.gid, ctx.pid)`` (reads supplementary
+    groups from /proc). Python API: :meth:`current` (this process) or explicit.
+    """
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+    pid: int = 0
+
+    def to_proto(self) -> common_pb2.UserInfo:
+        return common_pb2.UserInfo(uid=self.uid, gid=self.gid, groups=list(self.groups))
+
+    @classmethod
+    def current(cls) -> Caller:
+        """The calling process's uid, gid and supplementary groups."""
+        return cls(os.getuid(), os.getgid(), tuple(os.getgroups()), os.getpid())
+
+    @classmethod
+    def from_pid(cls, uid: int, gid: int, pid: int) -> Caller:
+        """A FUSE request's caller, with the supplementary groups of ``pid`` (if readable)."""
+        groups: tuple[int, ...] = ()
+        if pid > 0:
+            try:
+                with open(f"/proc/{pid}/status", "rb") as f:
+                    for line in f:
+                        if line.startswith(b"Groups:"):
+                            groups = tuple(int(g) for g in line.split()[1:])
+                            break
+            except OSError:
+                pass
+        return cls(uid, gid, groups, pid)
+
+
+ROOT = Caller(0, 0)
+
+
+@dataclass(eq=False)
+class FileHandle:
+    """An open file (one per FUSE ``fh`` / Python file object).
+
+    Attributes:
+        fh: unique handle number (FUSE's ``fh``).
+        inode: the file's inode.
+        flags: the open flags (``os.O_*``).
+        session_id: meta's write session ("" for read-only opens).
+        attr: attributes at open (layout included).
+        chains, chunk_size: the file's layout (where the chunks are).
+        truncate_version: the inode's truncate version this handle writes under.
+        written_end: highest end offset written under ``truncate_version``.
+        dirty: written since the last length report.
+    """
+
+    fh: int
+    inode: int
+    flags: int
+    session_id: str
+    attr: meta_pb2.Attr
+    chains: tuple[int, ...]
+    chunk_size: int
+    caller: Caller
+    truncate_version: int = 0
+    written_end: int = 0
+    dirty: bool = False
+    last_report: float = field(default_factory=time.monotonic)
+    known_length: int = 0
+    closed: bool = False
+
+    @property
+    def writable(self) -> bool:
+        return (self.flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
+
+    @property
+    def readable(self) -> bool:
+        return (self.flags & os.O_ACCMODE) in (os.O_RDONLY, os.O_RDWR)
+
+
+def _ts(ns: int) -> common_pb2.Timespec:
+    return common_pb2.Timespec(sec=ns // 1_000_000_000, nsec=ns % 1_000_000_000)
+
+
+def _name(name: str | bytes) -> bytes:
+    return os.fsencode(name) if isinstance(name, str) else bytes(name)
+
+
+def layout_of(attr: meta_pb2.Attr) -> Layout:
+    """The :class:`~fs3.client.layout.Layout` of a file's attributes."""
+    lay = attr.layout
+    return Layout(
+        chunk_size=int(lay.chunk_size) or (1 << 20),
+        stripe=int(lay.stripe) or max(1, len(lay.chain_ids)),
+        chain_ids=tuple(int(c) for c in lay.chain_ids),
+        table_id=int(lay.table_id),
+        table_version=int(lay.table_version),
+    )
+
+
+class AsyncClient:
+    """The fs3 client core (asyncio). Create with :meth:`connect`; close with :meth:`close`."""
+
+    def __init__(
+        self,
+        *,
+        config: _config.ClientConfig,
+        mgmtd: Any,
+        watcher: RoutingWatcher,
+        transport: ClientTransport,
+        client_id: str,
+        meta_addresses: Sequence[str] = (),
+    ) -> None:
+        self.config = config
+        self.client_id = client_id
+        self.mgmtd = mgmtd
+        self.routing_watcher = watcher
+        self.transport = transport
+        c = config.client
+        self.policy = RetryPolicy(deadline_s=c.retry_deadline_s, rpc_timeout_s=c.rpc_timeout_s)
+        self._pool = ChannelPool()
+        self.meta = MetaClient(
+            lambda: self.routing_watcher.current,
+            self.refresh_routing,
+            self._pool,
+            self.policy,
+            static_addresses=meta_addresses,
+        )
+        self.storage = StorageClient(
+            lambda: self.routing_watcher.current,
+            self.refresh_routing,
+            self._pool,
+            transport,
+            client_id,
+            self.policy,
+            io_depth=c.io_depth,
+        )
+        self._fh_ids = itertools.count(1)
+        self._handles: dict[int, FileHandle] = {}
+        self._reporter: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # ================================================================== lifecycle
+
+    @classmethod
+    async def connect(
+        cls,
+        cluster_file: str | os.PathLike[str] | None = None,
+        *,
+        config: _config.ClientConfig | None = None,
+        transport: str | None = None,
+        client_id: str | None = None,
+        meta_addresses: Sequence[str] = (),
+    ) -> AsyncClient:
+        """Connect to a cluster: find mgmtd, fetch routing, set up transports.
+
+        ``cluster_file`` defaults to ``config.cluster.cluster_file``, then
+        ``$FS3_CLUSTER_FILE``. ``transport`` overrides ``config.transport.kind``.
+        Must be awaited on the loop the client will live on (the bridge loop).
+        """
+        from fs3.client.mgmtd_client import MgmtdClient
+
+        cfg = config if config is not None else _config.load(_config.ClientConfig, None)
+        path = str(cluster_file or cfg.cluster.cluster_file or os.environ.get("FS3_CLUSTER_FILE", ""))
+        if not path:
+            raise FsError(Code.INVALID_ARGUMENT, "no cluster file (pass one, set [cluster] cluster_file or FS3_CLUSTER_FILE)")
+        kind = transport or cfg.transport.kind
+        cid = client_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        mgmtd = MgmtdClient.from_cluster_file(
+            path, timeout_s=cfg.client.rpc_timeout_s, retry_deadline_s=cfg.client.retry_deadline_s
+        )
+        watcher = RoutingWatcher(mgmtd, poll_interval_s=cfg.client.routing_refresh_s)
+        try:
+            await watcher.refresh()
+            await watcher.start()
+            tr = make_transport(kind, cid, cfg.transport)
+        except BaseException:
+            await watcher.stop()
+            await mgmtd.close()
+            raise
+        self = cls(config=cfg, mgmtd=mgmtd, watcher=watcher, transport=tr, client_id=cid, meta_addresses=meta_addresses)
+        self._reporter = asyncio.create_task(self._report_loop(), name="fs3-length-reporter")
+        return self
+
+    async def close(self) -> None:
+        """Release open handles (reporting lengths), stop background tasks, close channels."""
+        if self._closed:
+            return
+        self._closed = True
+        for h in list(self._handles.values()):
+            with contextlib.suppress(FsError):
+                await self.release(h)
+        if self._reporter is not None:
+            self._reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reporter
+        await self.routing_watcher.stop()
+        with contextlib.suppress(Exception):
+            await self.transport.close()
+        await self._pool.close()
+        with contextlib.suppress(Exception):
+            await self.mgmtd.close()
+
+    @property
+    def routing(self) -> Routing:
+        """The newest routing info known."""
+        return self.routing_watcher.current
+
+    async def refresh_routing(self) -> Routing:
+        """Fetch routing from mgmtd now (after a stale-version refusal)."""
+        return await self.routing_watcher.refresh()
+
+    # ================================================================== namespace ops
+
+    async def statfs(self, caller: Caller) -> meta_pb2.StatFsResponse:
+        """File system statistics (``statvfs``)."""
+        return await self.meta.call("StatFs", meta_pb2.StatFsRequest(user=caller.to_proto()))
+
+    async def lookup(self, caller: Caller, parent: int, name: str | bytes) -> meta_pb2.Attr:
+        """Attributes of ``name`` in directory ``parent`` (ENOENT if absent).
+
+        ``.`` and ``..`` are resolved here (meta stores no such entries).
+        """
+        nb = _name(name)
+        if nb == b".":
+            return await self.getattr(caller, parent)
+        if nb == b"..":
+            pattr = await self.getattr(caller, parent)
+            if not _stat.S_ISDIR(pattr.mode):
+                raise posix(_errno.ENOTDIR)
+            return await self.getattr(caller, pattr.parent or ROOT_INODE)
+        r = await self.meta.call("Lookup", meta_pb2.LookupRequest(user=caller.to_proto(), parent=parent, name=nb))
+        return self._overlay(r.attr)
+
+    async def getattr(self, caller: Caller, inode: int) -> meta_pb2.Attr:
+        """Attributes of ``inode``; a file's size includes this client's unreported writes."""
+        r = await self.meta.call("GetAttr", meta_pb2.GetAttrRequest(user=caller.to_proto(), inode=inode))
+        return self._overlay(r.attr)
+
+    async def setattr(
+        self,
+        caller: Caller,
+        inode: int,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        size: int | None = None,
+        atime_ns: int | None = None,
+        mtime_ns: int | None = None,
+        atime_now: bool = False,
+        mtime_now: bool = False,
+        fh: FileHandle | None = None,
+    ) -> meta_pb2.Attr:
+        """chmod / chown / truncate / utimensat in one call (fields left None are unchanged).
+
+        ``size`` truncates or extends; when the file shrank, chunks past the new
+        end are removed on storage before this returns. Pass ``fh`` for
+        ftruncate on a handle opened for write (access was checked at open).
+        """
+        req = meta_pb2.SetAttrRequest(user=caller.to_proto(), request_id=new_request_id(), inode=inode)
+        valid = 0
+        if mode is not None:
+            valid |= SETATTR_MODE
+            req.mode = mode & 0o7777
+        if uid is not None and uid != -1 and uid != 0xFFFFFFFF:
+            valid |= SETATTR_UID
+            req.uid = uid
+        if gid is not None and gid != -1 and gid != 0xFFFFFFFF:
+            valid |= SETATTR_GID
+            req.gid = gid
+        if size is not None:
+            if size < 0:
+                raise posix(_errno.EINVAL, "negative size")
+            valid |= SETATTR_SIZE
+            req.size = size
+        if atime_now:
+            valid |= SETATTR_ATIME_NOW
+        elif atime_ns is not None:
+            valid |= SETATTR_ATIME
+            req.atime.CopyFrom(_ts(atime_ns))
+        if mtime_now:
+            valid |= SETATTR_MTIME_NOW
+        elif mtime_ns is not None:
+            valid |= SETATTR_MTIME
+            req.mtime.CopyFrom(_ts(mtime_ns))
+        if fh is not None and fh.session_id:
+            req.session_id = fh.session_id
+        req.valid = valid
+        if size is not None:
+            # Report what was written before so the truncate applies to a known length.
+            for h in self._handles_of(inode):
+                if h.dirty:
+                    await self._report(h)
+        r = await self.meta.call("SetAttr", req)
+        attr = r.attr
+        if size is not None:
+            if r.need_truncate:
+                await self._trim(attr, size)
+            self._after_truncate(attr)
+        return self._overlay(attr)
+
+    async def mknod(self, caller: Caller, parent: int, name: str | bytes, mode: int, rdev: int = 0) -> meta_pb2.Attr:
+        """Create a regular file, FIFO, socket or device node (``mode`` after umask)."""
+        r = await self.meta.call(
+            "Mknod",
+            meta_pb2.MknodRequest(user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name), mode=mode, rdev=rdev),
+        )
+        return r.attr
+
+    async def mkdir(self, caller: Caller, parent: int, name: str | bytes, mode: int) -> meta_pb2.Attr:
+        """Create a directory (``mode`` after umask)."""
+        r = await self.meta.call(
+            "Mkdir",
+            meta_pb2.MkdirRequest(user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name), mode=mode),
+        )
+        return r.attr
+
+    async def symlink(self, caller: Caller, parent: int, name: str | bytes, target: str | bytes) -> meta_pb2.Attr:
+        """Create symlink ``name`` in ``parent`` pointing at ``target``."""
+        r = await self.meta.call(
+            "Symlink",
+            meta_pb2.SymlinkRequest(user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name), target=_name(target)),
+        )
+        return r.attr
+
+    async def readlink(self, caller: Caller, inode: int) -> bytes:
+        """The target of symlink ``inode`` (EINVAL if not a symlink)."""
+        r = await self.meta.call("ReadLink", meta_pb2.ReadLinkRequest(user=caller.to_proto(), inode=inode))
+        return bytes(r.target)
+
+    async def link(self, caller: Caller, inode: int, new_parent: int, new_name: str | bytes) -> meta_pb2.Attr:
+        """Hard link ``inode`` as ``new_parent/new_name``."""
+        r = await self.meta.call(
+            "Link",
+            meta_pb2.LinkRequest(user=caller.to_proto(), request_id=new_request_id(), inode=inode, new_parent=new_parent, new_name=_name(new_name)),
+        )
+        return self._overlay(r.attr)
+
+    async def unlink(self, caller: Caller, parent: int, name: str | bytes) -> meta_pb2.RemoveResponse:
+        """Remove a non-directory entry (the inode lives on while write sessions hold it)."""
+        return await self.meta.call(
+            "Unlink", meta_pb2.RemoveRequest(user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name))
+        )
+
+    async def rmdir(self, caller: Caller, parent: int, name: str | bytes) -> meta_pb2.RemoveResponse:
+        """Remove an empty directory."""
+        return await self.meta.call(
+            "Rmdir", meta_pb2.RemoveRequest(user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name))
+        )
+
+    async def rename(
+        self, caller: Caller, parent: int, name: str | bytes, new_parent: int, new_name: str | bytes, flags: int = 0
+    ) -> meta_pb2.RenameResponse:
+        """rename/renameat2 (``flags``: RENAME_NOREPLACE=1, RENAME_EXCHANGE=2)."""
+        return await self.meta.call(
+            "Rename",
+            meta_pb2.RenameRequest(
+                user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name),
+                new_parent=new_parent, new_name=_name(new_name), flags=flags,
+            ),
+        )
+
+    async def readdir(
+        self, caller: Caller, inode: int, cursor: bytes = b"", limit: int = 0, *, with_attrs: bool = False
+    ) -> tuple[list[meta_pb2.DirEntry], bool]:
+        """One page of directory entries after ``cursor`` (a name; b"" = start).
+
+        Returns ``(entries, more)``; pass the last entry's name as the next
+        cursor. "." and ".." are not included.
+        """
+        r = await self.meta.call(
+            "ReadDir",
+            meta_pb2.ReadDirRequest(user=caller.to_proto(), inode=inode, cursor=cursor, limit=limit, with_attrs=with_attrs),
+        )
+        entries = list(r.entries)
+        if with_attrs:
+            for e in entries:
+                if e.HasField("attr"):
+                    e.attr.CopyFrom(self._overlay(e.attr))
+        return entries, bool(r.more)
+
+    async def readdir_all(self, caller: Caller, inode: int, *, with_attrs: bool = False) -> list[meta_pb2.DirEntry]:
+        """Every entry of a directory (pages through :meth:`readdir`)."""
+        out: list[meta_pb2.DirEntry] = []
+        cursor = b""
+        while True:
+            entries, more = await self.readdir(caller, inode, cursor, with_attrs=with_attrs)
+            out.extend(entries)
+            if not more or not entries:
+                return out
+            cursor = entries[-1].name
+
+    async def access(self, caller: Caller, inode: int, mask: int) -> None:
+        """access(2): raise EACCES unless ``caller`` may ``mask`` (R_OK|W_OK|X_OK)."""
+        await self.meta.call("Access", meta_pb2.AccessRequest(user=caller.to_proto(), inode=inode, mask=mask))
+
+    async def getxattr(self, caller: Caller, inode: int, name: str | bytes) -> bytes:
+        r = await self.meta.call("GetXattr", meta_pb2.GetXattrRequest(user=caller.to_proto(), inode=inode, name=_name(name)))
+        return bytes(r.value)
+
+    async def setxattr(self, caller: Caller, inode: int, name: str | bytes, value: bytes, flags: int = 0) -> None:
+        """flags: XATTR_CREATE=1, XATTR_REPLACE=2."""
+        await self.meta.call(
+            "SetXattr",
+            meta_pb2.SetXattrRequest(user=caller.to_proto(), request_id=new_request_id(), inode=inode, name=_name(name), value=bytes(value), flags=flags),
+        )
+
+    async def listxattr(self, caller: Caller, inode: int) -> list[bytes]:
+        r = await self.meta.call("ListXattr", meta_pb2.ListXattrRequest(user=caller.to_proto(), inode=inode))
+        return [bytes(n) for n in r.names]
+
+    async def removexattr(self, caller: Caller, inode: int, name: str | bytes) -> None:
+        await self.meta.call(
+            "RemoveXattr", meta_pb2.RemoveXattrRequest(user=caller.to_proto(), request_id=new_request_id(), inode=inode, name=_name(name))
+        )
+
+    # ================================================================== open files
+
+    async def create(
+        self, caller: Caller, parent: int, name: str | bytes, mode: int, flags: int
+    ) -> tuple[FileHandle, meta_pb2.Attr]:
+        """Create (or, without O_EXCL, open an existing) regular file and open it.
+
+        ``mode``: permission bits after umask. ``flags``: open flags (O_CREAT
+        implied; O_EXCL → EEXIST if it exists; O_TRUNC truncates an existing one).
+        """
+        r = await self.meta.call(
+            "Create",
+            meta_pb2.CreateRequest(
+                user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name),
+                mode=mode, flags=flags, client_id=self.client_id,
+            ),
+        )
+        h = await self._opened(caller, r, flags)
+        return h, self._overlay(r.attr)
+
+    async def open(self, caller: Caller, inode: int, flags: int) -> FileHandle:
+        """Open ``inode`` with ``flags`` (O_ACCMODE, O_TRUNC, O_APPEND ...)."""
+        r = await self.meta.call(
+            "Open",
+            meta_pb2.OpenRequest(user=caller.to_proto(), request_id=new_request_id(), inode=inode, flags=flags, client_id=self.client_id),
+        )
+        return await self._opened(caller, r, flags)
+
+    async def _opened(self, caller: Caller, r: meta_pb2.OpenResponse, flags: int) -> FileHandle:
+        attr = r.attr
+        lay = layout_of(attr)
+        h = FileHandle(
+            fh=next(self._fh_ids),
+            inode=int(attr.inode),
+            flags=flags,
+            session_id=r.session_id,
+            attr=attr,
+            chains=tuple(lay.chain_ids),
+            chunk_size=lay.chunk_size,
+            caller=caller,
+            truncate_version=int(attr.truncate_version),
+            known_length=int(attr.size),
+        )
+        if r.need_truncate:
+            try:
+                await self._trim(attr, int(attr.size))
+            except BaseException:
+                if h.session_id:
+                    with contextlib.suppress(FsError):
+                        await self._close_session(h, with_hint=False)
+                raise
+        self._handles[h.fh] = h
+        return h
+
+    def handle(self, fh: int) -> FileHandle:
+        """The open handle numbered ``fh`` (EBADF if unknown)."""
+        h = self._handles.get(fh)
+        if h is None:
+            raise FsError(Code.BAD_FD, f"no open file handle {fh}")
+        return h
+
+    async def read(self, fh: FileHandle, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes at ``offset`` (short at EOF, zeros in holes)."""
+        buf = bytearray(max(0, size))
+        n = await self.readinto(fh, offset, buf)
+        del buf[n:]
+        return bytes(buf)
+
+    async def readinto(self, fh: FileHandle, offset: int, buf: memoryview | bytearray) -> int:
+        """Read into ``buf`` at file ``offset``; returns bytes read."""
+        self._check_open(fh)
+        if not fh.readable:
+            raise posix(_errno.EBADF, "file not open for reading")
+        if offset < 0:
+            raise posix(_errno.EINVAL, "negative offset")
+        want = len(buf)
+        if want == 0:
+            return 0
+        length = self._length(fh)
+        if offset + want > length:
+            # The cached length may be stale (another writer reported more).
+            length = await self._refresh_length(fh)
+        if offset >= length:
+            return 0
+        return await self.storage.read(fh.inode, fh.chains, fh.chunk_size, offset, buf, length)
+
+    async def write(self, fh: FileHandle, offset: int, data: bytes | bytearray | memoryview) -> int:
+        """Write ``data`` at ``offset``; returns after every chunk is committed on its chain."""
+        self._check_open(fh)
+        if not fh.writable:
+            raise posix(_errno.EBADF, "file not open for writing")
+        if offset < 0:
+            raise posix(_errno.EINVAL, "negative offset")
+        n = len(memoryview(data))
+        if n == 0:
+            return 0
+        if not fh.chains:
+            raise FsError(Code.INTERNAL, f"inode {fh.inode} has no chains in its layout")
+        if offset + n > layout_of(fh.attr).max_file_size():
+            raise posix(_errno.EFBIG)
+        await self.storage.write(fh.inode, fh.chains, fh.chunk_size, offset, data)
+        end = offset + n
+        for h in self._handles_of(fh.inode):
+            h.known_length = max(h.known_length, end)
+        if end > fh.written_end:
+            fh.written_end = end
+        fh.dirty = True
+        return n
+
+    async def flush(self, fh: FileHandle) -> None:
+        """Report this handle's length to meta if it wrote since the last report."""
+        self._check_open(fh)
+        if fh.dirty:
+            await self._report(fh)
+
+    async def fsync(self, fh: FileHandle, datasync: bool = False) -> None:
+        """Make written data and the file length durable (data is committed already)."""
+        self._check_open(fh)
+        if fh.writable:
+            await self._report(fh)
+
+    async def release(self, fh: FileHandle) -> None:
+        """Close the handle: a writer's final length goes to meta with the session close."""
+        if fh.closed:
+            return
+        try:
+            if fh.session_id:
+                await self._close_session(fh, with_hint=True)
+        finally:
+            fh.closed = True
+            self._handles.pop(fh.fh, None)
+
+    async def file_length(self, fh: FileHandle) -> int:
+        """Current length as this client knows it (meta's, raised by local writes)."""
+        return await self._refresh_length(fh)
+
+    # ================================================================== paths (Python API)
+
+    async def resolve(
+        self, caller: Caller, path: str | bytes, *, follow: bool = True, base: int = ROOT_INODE
+    ) -> meta_pb2.Attr:
+        """Attributes of the object at ``path`` (relative to ``base``; leading "/" = root).
+
+        Symlinks in intermediate components are always followed; the last one
+        only if ``follow``. ELOOP after 40 links; ENOTDIR when a non-directory
+        is used as a directory (also for a trailing slash).
+        """
+        p = _name(path)
+        if not p:
+            raise posix(_errno.ENOENT, "empty path")
+        parent, last = await self._walk(caller, p, base, 0)
+        if last is None:
+            return parent
+        return await self._step(caller, parent, last, follow, p.endswith(b"/"), [0])
+
+    async def resolve_parent(
+        self, caller: Caller, path: str | bytes, *, base: int = ROOT_INODE
+    ) -> tuple[meta_pb2.Attr, bytes]:
+        """The directory that holds ``path``'s last component, and that name.
+
+        For paths ending in "/", "." or ".." there is no last name to create or
+        remove; the name returned is then b"." or b".." and callers refuse it.
+        """
+        p = _name(path)
+        if not p:
+            raise posix(_errno.ENOENT, "empty path")
+        parent, last = await self._walk(caller, p, base, 0)
+        if last is None:
+            return parent, b"."
+        return parent, last
+
+    async def _walk(self, caller: Caller, p: bytes, base: int, depth: int) -> tuple[meta_pb2.Attr, bytes | None]:
+        """Resolve every component but the last; returns (dir attr, last name or None)."""
+        cur = await self.getattr(caller, ROOT_INODE if p.startswith(b"/") else base)
+        parts = [c for c in p.split(b"/") if c]
+        if not parts:
+            return cur, None
+        counter = [depth]
+        for comp in parts[:-1]:
+            cur = await self._step(caller, cur, comp, True, True, counter)
+        return cur, parts[-1]
+
+    async def _step(
+        self, caller: Caller, cur: meta_pb2.Attr, comp: bytes, follow: bool, must_be_dir: bool, counter: list[int]
+    ) -> meta_pb2.Attr:
+        if not _stat.S_ISDIR(cur.mode):
+            raise posix(_errno.ENOTDIR, "not a directory")
+        if len(comp) > NAME_MAX:
+            raise posix(_errno.ENAMETOOLONG)
+        attr = await self.lookup(caller, cur.inode, comp)
+        if _stat.S_ISLNK(attr.mode) and (follow or must_be_dir):
+            counter[0] += 1
+            if counter[0] > MAX_SYMLINK_FOLLOW:
+                raise posix(_errno.ELOOP, "too many levels of symbolic links")
+            target = await self.readlink(caller, attr.inode)
+            if not target:
+                raise posix(_errno.ENOENT)
+            dir_attr, last = await self._walk(caller, target, cur.inode, counter[0])
+            if last is None:
+                attr = dir_attr
+            else:
+                attr = await self._step(caller, dir_attr, last, True, must_be_dir or target.endswith(b"/"), counter)
+        if must_be_dir and not _stat.S_ISDIR(attr.mode):
+            raise posix(_errno.ENOTDIR, "not a directory")
+        return attr
+
+    # ================================================================== GC and internals
+
+    def open_handles(self) -> list[FileHandle]:
+        return list(self._handles.values())
+
+    def _check_open(self, fh: FileHandle) -> None:
+        if fh.closed:
+            raise FsError(Code.BAD_FD, "file handle is closed")
+
+    def _handles_of(self, inode: int) -> list[FileHandle]:
+        return [h for h in self._handles.values() if h.inode == inode]
+
+    def _local_length(self, inode: int, truncate_version: int) -> int:
+        n = 0
+        for h in self._handles_of(inode):
+            if h.truncate_version == truncate_version and h.written_end > n:
+                n = h.written_end
+        return n
+
+    def _overlay(self, attr: meta_pb2.Attr) -> meta_pb2.Attr:
+        """Raise a regular file's size by this client's unreported writes."""
+        if not _stat.S_ISREG(attr.mode):
+            return attr
+        local = self._local_length(int(attr.inode), int(attr.truncate_version))
+        if local <= attr.size:
+            return attr
+        out = meta_pb2.Attr()
+        out.CopyFrom(attr)
+        out.size = local
+        out.blocks = (local + 511) // 512
+        return out
+
+    def _length(self, fh: FileHandle) -> int:
+        return max(fh.known_length, self._local_length(fh.inode, fh.truncate_version))
+
+    async def _refresh_length(self, fh: FileHandle) -> int:
+        attr = await self.getattr(ROOT, fh.inode)
+        if int(attr.truncate_version) != fh.truncate_version:
+            # Someone truncated: our unreported hints are void, meta's length rules.
+            fh.truncate_version = int(attr.truncate_version)
+            fh.written_end = 0
+            fh.known_length = int(attr.size)
+        else:
+            fh.known_length = max(int(attr.size), self._length(fh))
+        return self._length(fh)
+
+    async def _trim(self, attr: meta_pb2.Attr, new_size: int) -> None:
+        lay = layout_of(attr)
+        if lay.chain_ids:
+            await self.storage.truncate(int(attr.inode), lay.chain_ids, lay.chunk_size, new_size)
+
+    def _after_truncate(self, attr: meta_pb2.Attr) -> None:
+        for h in self._handles_of(int(attr.inode)):
+            h.truncate_version = int(attr.truncate_version)
+            h.written_end = 0
+            h.known_length = int(attr.size)
+            h.dirty = False
+
+    def _hint(self, fh: FileHandle, req: Any) -> None:
+        if fh.written_end:
+            req.has_length_hint = True
+            req.length_hint = fh.written_end
+            req.truncate_version = fh.truncate_version
+
+    async def _report(self, fh: FileHandle) -> None:
+        """Sync: tell meta this handle's length (the write session stays)."""
+        if not fh.session_id:
+            return
+        req = meta_pb2.SyncRequest(user=fh.caller.to_proto(), request_id=new_request_id(), inode=fh.inode, session_id=fh.session_id)
+        self._hint(fh, req)
+        fh.dirty = False
+        try:
+            r = await self.meta.call("Sync", req)
+        except BaseException:
+            fh.dirty = True
+            raise
+        fh.last_report = time.monotonic()
+        fh.known_length = max(fh.known_length, int(r.attr.size))
+
+    async def _close_session(self, fh: FileHandle, *, with_hint: bool) -> None:
+        req = meta_pb2.CloseRequest(user=fh.caller.to_proto(), request_id=new_request_id(), inode=fh.inode, session_id=fh.session_id)
+        if with_hint:
+            self._hint(fh, req)
+        await self.meta.call("Close", req)
+        fh.dirty = False
+
+    async def _report_loop(self) -> None:
+        """Report lengths of long writers every ``length_report_interval_s``."""
+        interval = self.config.client.length_report_interval_s
+        while True:
+            await asyncio.sleep(max(0.05, interval / 2))
+            now = time.monotonic()
+            for h in list(self._handles.values()):
+                if h.dirty and not h.closed and now - h.last_report >= interval:
+                    try:
+                        await self._report(h)
+                    except FsError as e:
+                        log.warning("periodic length report of inode %d failed: %s", h.inode, e)
+
+
+def make_transport(kind: str, client_id: str, config: _config.TransportSection | None = None) -> ClientTransport:
+    """The client transport of ``kind`` (grpc | tcp | shm), tuned by ``config``."""
+    from fs3.transport import client_transport
+
+    return client_transport(kind, client_id, config)

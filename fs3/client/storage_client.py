@@ -1,0 +1,476 @@
+"""Storage client: chunk I/O against CRAQ chains (3fs-reference.md §4, §7.2).
+
+* A user I/O is split per chunk (:func:`fs3.client.layout.split`); pieces run
+  in parallel with at most ``io_depth`` in flight per client operation.
+* Writes go to the chain **head** (first SERVING target) with the chain version
+  the client believes in and a CRC32C of the payload. The head acknowledges only
+  after the tail committed, so a returned write is durable on every replica.
+  Each write/truncate/remove piece gets an update channel and sequence number
+  (3FS ``UpdateChannelAllocator``) that it keeps across retries, so a retry of
+  an update whose answer was lost is applied once by the storage targets.
+* Reads go to a random SERVING replica (spreading load over replicas); a
+  replica that fails or returns bytes whose CRC32C does not match is skipped
+  and another one is tried. A missing chunk (``CHUNK_NOT_FOUND``) or a chunk
+  shorter than the requested range is a hole: zeros, up to the file length the
+  caller passes.
+* Refusals with ``CHAIN_VERSION_MISMATCH`` (and other routing errors) make the
+  client refresh routing from mgmtd before retrying; transient errors are
+  retried with backoff until ``retry_deadline_s``.
+* Payloads move through the configured :class:`~fs3.transport.base.ClientTransport`
+  (inline gRPC bytes, framed TCP, or shared memory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import crc32c
+
+from fs3.client.layout import ChunkPiece, chain_of, chunks_from, split
+from fs3.client.retry import Deadline, RetryPolicy, retrying
+from fs3.client.routing import Routing
+from fs3.errors import Code, FsError
+from fs3.proto import storage_pb2, storage_pb2_grpc
+from fs3.rpc.channel import ChannelPool, call
+from fs3.transport.base import ClientTransport, is_inline
+
+log = logging.getLogger("fs3.client.storage")
+
+# Errors after which routing may have moved on: refresh before the retry.
+_ROUTING_ERRORS = frozenset(
+    {
+        Code.CHAIN_VERSION_MISMATCH,
+        Code.UNKNOWN_CHAIN,
+        Code.UNKNOWN_TARGET,
+        Code.NOT_HEAD,
+        Code.TARGET_NOT_SERVING,
+        Code.UNAVAILABLE,
+        Code.TIMEOUT,
+        Code.TRANSPORT,
+    }
+)
+# Per-replica read failures worth trying on another replica.
+_TRY_OTHER_REPLICA = frozenset(
+    {
+        Code.CHECKSUM_MISMATCH,
+        Code.UNAVAILABLE,
+        Code.TIMEOUT,
+        Code.TRANSPORT,
+        Code.TARGET_NOT_SERVING,
+        Code.CHAIN_VERSION_MISMATCH,
+        Code.NOT_COMMITTED,
+        Code.INTERNAL,
+    }
+)
+
+MAX_CHANNELS = 65535
+
+
+class ChannelAllocator:
+    """Update channels for exactly-once chunk updates (3FS §4.5).
+
+    A channel is held by one in-flight update; its sequence number is taken
+    from a client-wide counter so a (channel, seqnum) pair is never reused.
+    """
+
+    def __init__(self, max_channels: int = MAX_CHANNELS) -> None:
+        self._free = list(range(max_channels, 0, -1))
+        self._seq = itertools.count(1)
+        self._cond = asyncio.Condition()
+
+    async def acquire(self) -> tuple[int, int]:
+        async with self._cond:
+            while not self._free:
+                await self._cond.wait()
+            ch = self._free.pop()
+        return ch, next(self._seq)
+
+    async def release(self, channel: int) -> None:
+        async with self._cond:
+            self._free.append(channel)
+            self._cond.notify()
+
+
+class StorageClient:
+    """Chunk reads/writes/truncates/removals for files with a given layout.
+
+    Args:
+        routing: returns the current :class:`Routing`.
+        refresh_routing: ``await refresh_routing()`` fetches routing from mgmtd.
+        pool: channel pool of the client's loop.
+        transport: the bulk transport.
+        client_id: this client's id (update tags, shm registrations).
+        policy: retry deadlines.
+        io_depth: chunk requests in flight per operation.
+    """
+
+    def __init__(
+        self,
+        routing: Callable[[], Routing],
+        refresh_routing: Callable[[], Awaitable[Any]],
+        pool: ChannelPool,
+        transport: ClientTransport,
+        client_id: str,
+        policy: RetryPolicy,
+        *,
+        io_depth: int = 16,
+        verify_read_checksums: bool = True,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._routing = routing
+        self._refresh = refresh_routing
+        self._pool = pool
+        self.transport = transport
+        self.client_id = client_id
+        self._policy = policy
+        self.io_depth = io_depth
+        self.verify_read_checksums = verify_read_checksums
+        self._rng = rng or random.Random()
+        self._channels = ChannelAllocator()
+        self._request_ids = itertools.count(1)
+        self._stubs: dict[str, storage_pb2_grpc.StorageServiceStub] = {}
+        self.stats = {"read_retries": 0, "write_retries": 0, "checksum_errors": 0, "routing_refreshes": 0}
+
+    # ------------------------------------------------------------------ helpers
+
+    def _stub(self, address: str) -> storage_pb2_grpc.StorageServiceStub:
+        s = self._stubs.get(address)
+        if s is None:
+            s = storage_pb2_grpc.StorageServiceStub(self._pool.get(address))  # type: ignore[no-untyped-call]
+            self._stubs[address] = s
+        return s
+
+    async def _on_error(self, err: FsError, _attempt: int) -> None:
+        if err.code in _ROUTING_ERRORS:
+            self.stats["routing_refreshes"] += 1
+            try:
+                await self._refresh()
+            except FsError as e:
+                log.debug("routing refresh failed: %s", e)
+
+    def _timeout(self, deadline: Deadline) -> float:
+        return max(0.05, min(self._policy.rpc_timeout_s, deadline.remaining()))
+
+    async def _bounded(self, coros: Sequence[Awaitable[Any]]) -> list[Any]:
+        """Run awaitables with at most ``io_depth`` in flight; first error wins."""
+        if len(coros) == 1:
+            return [await coros[0]]
+        sem = asyncio.Semaphore(self.io_depth)
+
+        async def one(c: Awaitable[Any]) -> Any:
+            async with sem:
+                return await c
+
+        tasks = [asyncio.ensure_future(one(c)) for c in coros]
+        try:
+            return await asyncio.gather(*tasks)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    def _head(self, routing: Routing, chain_id: int) -> tuple[int, Any, int]:
+        """(head target id, its node, chain version) or a retryable error."""
+        chain = routing.chain(chain_id)
+        head = routing.head(chain_id)
+        if head is None:
+            raise FsError(Code.TARGET_NOT_SERVING, f"chain {chain_id} has no serving target", retryable=True)
+        return head, routing.node_of_target(head), int(chain.version)
+
+    def _tag(self, channel: int, seq: int) -> storage_pb2.UpdateTag:
+        return storage_pb2.UpdateTag(
+            client_id=self.client_id, request_id=next(self._request_ids), channel_id=channel, seqnum=seq
+        )
+
+    # ------------------------------------------------------------------ write
+
+    async def write(
+        self, inode: int, chains: Sequence[int], chunk_size: int, offset: int, data: memoryview | bytes | bytearray
+    ) -> int:
+        """Write ``data`` at file ``offset``; returns once every piece is committed."""
+        mv = memoryview(data).cast("B")
+        pieces = split(offset, len(mv), chunk_size, chains)
+        await self._bounded(
+            [self._write_piece(inode, chunk_size, p, mv[p.buf_offset : p.buf_offset + p.length]) for p in pieces]
+        )
+        return len(mv)
+
+    async def _write_piece(self, inode: int, chunk_size: int, p: ChunkPiece, data: memoryview) -> None:
+        checksum = crc32c.crc32c(data)
+        channel, seq = await self._channels.acquire()
+        tag = self._tag(channel, seq)
+        deadline = Deadline(self._policy.deadline_s)
+        try:
+
+            async def attempt(n: int) -> storage_pb2.WriteResponse:
+                if n > 1:
+                    self.stats["write_retries"] += 1
+                head, node, version = self._head(self._routing(), p.chain_id)
+                ref, sent = await self.transport.write_ref(node.address, node.data_address, data)
+                req = storage_pb2.WriteRequest(
+                    io=storage_pb2.UpdateIO(
+                        chain_id=p.chain_id,
+                        chain_version=version,
+                        chunk=storage_pb2.ChunkId(inode=inode, index=p.index),
+                        type=storage_pb2.UPDATE_WRITE,
+                        offset=p.offset,
+                        length=p.length,
+                        chunk_size=chunk_size,
+                        checksum=checksum,
+                        data=ref,
+                    ),
+                    tag=tag,
+                    retry_count=n - 1,
+                    target_id=head,
+                )
+                try:
+                    resp = await call(self._stub(node.address).Write, req, timeout=self._timeout(deadline), what=f"storage.Write@{node.address}")
+                finally:
+                    await _settle(sent)
+                res = resp.result
+                # A retry answered from the exactly-once cache may report the chunk's
+                # length instead of the bytes written; either proves the piece landed.
+                if res.length != p.length and max(res.length, res.chunk_length) < p.offset + p.length:
+                    raise FsError(Code.INTERNAL, f"head wrote {res.length} of {p.length} bytes (chunk length {res.chunk_length})")
+                return resp
+
+            await retrying(attempt, self._policy, what=f"write chunk {inode}:{p.index}", on_error=self._on_error)
+        finally:
+            await self._channels.release(channel)
+
+    # ------------------------------------------------------------------ read
+
+    async def read(
+        self,
+        inode: int,
+        chains: Sequence[int],
+        chunk_size: int,
+        offset: int,
+        dest: memoryview | bytearray,
+        file_length: int,
+    ) -> int:
+        """Read into ``dest`` from file ``offset``; bytes up to ``file_length``.
+
+        Returns the number of bytes produced (``min(len(dest), file_length -
+        offset)``, 0 at or past EOF). Holes inside the file read as zeros.
+        """
+        mv = memoryview(dest).cast("B")
+        n = max(0, min(len(mv), file_length - offset))
+        if n == 0:
+            return 0
+        pieces = split(offset, n, chunk_size, chains)
+        await self._bounded(
+            [self._read_piece(inode, p, mv[p.buf_offset : p.buf_offset + p.length]) for p in pieces]
+        )
+        return n
+
+    async def _read_piece(self, inode: int, p: ChunkPiece, dest: memoryview) -> None:
+        deadline = Deadline(self._policy.deadline_s)
+        bad: set[int] = set()  # replicas that failed this piece
+
+        async def attempt(n: int) -> None:
+            if n > 1:
+                self.stats["read_retries"] += 1
+            routing = self._routing()
+            chain = routing.chain(p.chain_id)
+            serving = routing.serving_targets(p.chain_id)
+            if not serving:
+                raise FsError(Code.TARGET_NOT_SERVING, f"chain {p.chain_id} has no serving target", retryable=True)
+            candidates = [t for t in serving if t not in bad] or serving
+            if len(candidates) == len(serving) and bad:
+                bad.clear()  # every replica failed once: start over
+            target = self._rng.choice(candidates)
+            node = routing.node_of_target(target)
+            try:
+                await self._read_once(inode, p, dest, node, target, int(chain.version), deadline)
+            except FsError as e:
+                if e.code in _TRY_OTHER_REPLICA:
+                    bad.add(target)
+                    if e.code == Code.CHECKSUM_MISMATCH or e.code == Code.INTERNAL:
+                        # Another replica may be fine: retry at once (still bounded by the deadline).
+                        raise FsError(e.code, e.message, errno=e.errno, retryable=True) from e
+                raise
+
+        await retrying(attempt, self._policy, what=f"read chunk {inode}:{p.index}", on_error=self._on_error)
+
+    async def _read_once(
+        self, inode: int, p: ChunkPiece, dest: memoryview, node: Any, target: int, version: int, deadline: Deadline
+    ) -> None:
+        ref, complete = await self.transport.read_ref(node.address, node.data_address, dest)
+        req = storage_pb2.BatchReadRequest(
+            ios=[
+                storage_pb2.ReadIO(
+                    chain_id=p.chain_id,
+                    chain_version=version,
+                    chunk=storage_pb2.ChunkId(inode=inode, index=p.index),
+                    offset=p.offset,
+                    length=p.length,
+                    dest=ref,
+                    target_id=target,
+                )
+            ],
+            client_id=self.client_id,
+        )
+        resp = await call(
+            self._stub(node.address).BatchRead, req, timeout=self._timeout(deadline), what=f"storage.BatchRead@{node.address}"
+        )
+        if len(resp.results) != 1:
+            raise FsError(Code.INTERNAL, f"BatchRead returned {len(resp.results)} results for 1 io")
+        r = resp.results[0]
+        if r.error.code:
+            if r.error.code == Code.CHUNK_NOT_FOUND:
+                dest[:] = bytes(len(dest))  # a hole
+                return
+            raise FsError(r.error.code, r.error.message, errno=r.error.errno or None, retryable=r.error.retryable)
+        got = int(r.length)
+        if got > len(dest):
+            raise FsError(Code.INTERNAL, f"replica returned {got} bytes for a {len(dest)}-byte read")
+        if is_inline(ref):
+            if len(r.data) != got:
+                raise FsError(Code.TRANSPORT, f"inline payload of {len(r.data)} bytes, header says {got}", retryable=True)
+            dest[:got] = r.data
+        else:
+            await complete(got)
+        if self.verify_read_checksums and got and crc32c.crc32c(dest[:got]) != r.checksum:
+            self.stats["checksum_errors"] += 1
+            raise FsError(Code.CHECKSUM_MISMATCH, f"chunk {inode}:{p.index} from target {target}: checksum mismatch", retryable=True)
+        if got < len(dest):
+            dest[got:] = bytes(len(dest) - got)  # short chunk: the rest is a hole
+
+    # ------------------------------------------------------------------ truncate / remove
+
+    async def truncate(self, inode: int, chains: Sequence[int], chunk_size: int, new_size: int) -> None:
+        """Drop file data past ``new_size`` on every replica.
+
+        Chunks wholly past the new end are removed; the chunk containing the new
+        end is cut to it. A later extension therefore reads zeros, never stale bytes.
+        """
+        first = chunks_from(new_size, chunk_size)
+        await self.remove_chunks(inode, chains, first)
+        if new_size % chunk_size:
+            idx = new_size // chunk_size
+            await self._truncate_chunk(inode, chain_of(chains, idx), chunk_size, idx, new_size % chunk_size)
+
+    async def remove_chunks(self, inode: int, chains: Sequence[int], begin: int = 0) -> int:
+        """Remove chunks with index >= ``begin`` of ``inode`` on every chain of the stripe."""
+        counts = await self._bounded([self._remove_on_chain(inode, c, begin) for c in dict.fromkeys(chains)])
+        return sum(counts)
+
+    async def _remove_on_chain(self, inode: int, chain_id: int, begin: int) -> int:
+        total = 0
+        while True:
+            removed, more = await self._remove_once(inode, chain_id, begin)
+            total += removed
+            if not more:
+                return total
+
+    async def _remove_once(self, inode: int, chain_id: int, begin: int) -> tuple[int, bool]:
+        channel, seq = await self._channels.acquire()
+        tag = self._tag(channel, seq)
+        deadline = Deadline(self._policy.deadline_s)
+        try:
+
+            async def attempt(_n: int) -> tuple[int, bool]:
+                _head, node, version = self._head(self._routing(), chain_id)
+                req = storage_pb2.RemoveChunksRequest(
+                    ops=[
+                        storage_pb2.RemoveChunksOp(
+                            chain_id=chain_id,
+                            chain_version=version,
+                            range=storage_pb2.ChunkRange(inode=inode, begin=begin, end=0),
+                            tag=tag,
+                        )
+                    ]
+                )
+                resp = await call(self._stub(node.address).RemoveChunks, req, timeout=self._timeout(deadline), what=f"storage.RemoveChunks@{node.address}")
+                r = resp.results[0]
+                if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
+                    raise FsError(r.error.code, r.error.message, errno=r.error.errno or None, retryable=r.error.retryable)
+                return int(r.removed), bool(r.more)
+
+            return await retrying(attempt, self._policy, what=f"remove chunks {inode} on chain {chain_id}", on_error=self._on_error)
+        finally:
+            await self._channels.release(channel)
+
+    async def _truncate_chunk(self, inode: int, chain_id: int, chunk_size: int, index: int, length: int) -> None:
+        channel, seq = await self._channels.acquire()
+        tag = self._tag(channel, seq)
+        deadline = Deadline(self._policy.deadline_s)
+        try:
+
+            async def attempt(_n: int) -> None:
+                _head, node, version = self._head(self._routing(), chain_id)
+                req = storage_pb2.TruncateChunksRequest(
+                    ops=[
+                        storage_pb2.TruncateChunkOp(
+                            chain_id=chain_id,
+                            chain_version=version,
+                            chunk=storage_pb2.ChunkId(inode=inode, index=index),
+                            length=length,
+                            chunk_size=chunk_size,
+                            only_extend=False,
+                            tag=tag,
+                        )
+                    ]
+                )
+                resp = await call(self._stub(node.address).TruncateChunks, req, timeout=self._timeout(deadline), what=f"storage.TruncateChunks@{node.address}")
+                r = resp.results[0]
+                if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
+                    raise FsError(r.error.code, r.error.message, errno=r.error.errno or None, retryable=r.error.retryable)
+
+            await retrying(attempt, self._policy, what=f"truncate chunk {inode}:{index}", on_error=self._on_error)
+        finally:
+            await self._channels.release(channel)
+
+    # ------------------------------------------------------------------ length
+
+    async def query_length(self, inode: int, chains: Sequence[int], chunk_size: int) -> int:
+        """File length as storage sees it: max over chains of last chunk end (3FS §6.6)."""
+
+        async def one(chain_id: int) -> int:
+            deadline = Deadline(self._policy.deadline_s)
+
+            async def attempt(_n: int) -> int:
+                routing = self._routing()
+                chain = routing.chain(chain_id)
+                serving = routing.serving_targets(chain_id)
+                if not serving:
+                    raise FsError(Code.TARGET_NOT_SERVING, f"chain {chain_id} has no serving target", retryable=True)
+                node = routing.node_of_target(serving[-1])  # the tail holds only committed data
+                req = storage_pb2.QueryLastChunkRequest(
+                    ops=[
+                        storage_pb2.QueryLastChunkOp(
+                            chain_id=chain_id, chain_version=int(chain.version), range=storage_pb2.ChunkRange(inode=inode, begin=0, end=0)
+                        )
+                    ]
+                )
+                resp = await call(self._stub(node.address).QueryLastChunk, req, timeout=self._timeout(deadline), what=f"storage.QueryLastChunk@{node.address}")
+                r = resp.results[0]
+                if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
+                    raise FsError(r.error.code, r.error.message, errno=r.error.errno or None, retryable=r.error.retryable)
+                if not r.found:
+                    return 0
+                return int(r.last_index) * chunk_size + int(r.last_length)
+
+            return await retrying(attempt, self._policy, what=f"query length {inode} on chain {chain_id}", on_error=self._on_error)
+
+        lengths = await self._bounded([one(c) for c in dict.fromkeys(chains)])
+        return max(lengths, default=0)
+
+
+async def _settle(sent: Awaitable[None]) -> None:
+    """Wait for the transport's send side; its failure only matters if the RPC succeeded."""
+    try:
+        await sent
+    except FsError:
+        raise
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # pragma: no cover - defensive
+        raise FsError(Code.TRANSPORT, f"payload send failed: {e}", retryable=True) from e

@@ -1,0 +1,548 @@
+"""SQLite KV engine: the embedded default, one WAL file shared by processes.
+
+Every mgmtd and meta process on a host opens the same database file; SQLite's
+WAL mode gives each reader a consistent snapshot while one writer at a time
+appends to the log, and ``synchronous=FULL`` fsyncs the log on every commit, so
+a committed transaction survives ``kill -9`` of its writer and power loss.
+
+Concurrency is optimistic, as FoundationDB does it, so the engine honours the
+whole contract of ``fs3.kv.database`` (snapshot reads that do not conflict,
+explicit read-conflict ranges), not just "one writer at a time":
+
+* A transaction reads through a deferred SQLite read transaction: the first read
+  pins a WAL snapshot and the current *commit version* (a counter in
+  ``kv_meta``). Writes are buffered in the transaction object and merged into
+  its reads (read-your-writes).
+* Every commit bumps the version and records its write ranges in ``kv_log``.
+* At commit the buffered writes are applied under SQLite's write lock. Fast
+  path: the read transaction upgrades in place, which WAL mode allows only if
+  nobody committed since our snapshot - then no conflict is possible. Otherwise
+  (``SQLITE_BUSY_SNAPSHOT`` or the lock is held) we start a fresh ``BEGIN
+  IMMEDIATE`` (waiting up to ``busy_timeout``) and compare our read-conflict
+  ranges with the write ranges of every commit after our read version; an
+  overlap is ``KV_CONFLICT`` (retryable), exactly like FDB's resolver.
+* ``kv_log`` rows older than ``max_txn_age_s`` are trimmed; a transaction whose
+  read version predates the trimmed horizon fails with a retryable conflict
+  ("transaction too old"), like FDB's 5-second MVCC window.
+
+SQLite connections are not thread-safe and hold at most one transaction, so each
+transaction borrows a connection from a small pool for its lifetime; threads
+(``run_async`` worker threads) and interleaved transactions on one thread both
+work. Every SQLite failure becomes an :class:`FsError`; lock timeouts are
+retryable, corruption or a missing directory is not.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Generator, Iterator
+from urllib.parse import parse_qsl
+
+from fs3 import faults
+from fs3.errors import Code, FsError
+from fs3.kv.database import Database, KeyValue, Transaction, key_after
+
+Range = tuple[bytes, bytes]
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS kv_log "
+    "(version INTEGER NOT NULL, b BLOB NOT NULL, e BLOB NOT NULL, ts REAL NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS kv_log_version ON kv_log(version)",
+    "CREATE TABLE IF NOT EXISTS kv_meta (id INTEGER PRIMARY KEY CHECK (id = 0), "
+    "version INTEGER NOT NULL, trimmed INTEGER NOT NULL)",
+    "INSERT OR IGNORE INTO kv_meta (id, version, trimmed) VALUES (0, 0, 0)",
+)
+
+_SQLITE_BUSY = 5
+_SQLITE_LOCKED = 6
+_SQLITE_BUSY_SNAPSHOT = 517
+_TRIM_EVERY = 256  # commits between kv_log trims
+_POOL_MAX = 16  # idle connections kept
+_FETCH = 256  # rows per fetch in range reads
+
+
+def _overlaps(a: Range, b: Range) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def _is_busy(e: sqlite3.Error) -> bool:
+    code = getattr(e, "sqlite_errorcode", None)
+    if code is None:  # pragma: no cover - Python < 3.11
+        return "locked" in str(e) or "busy" in str(e)
+    return (code & 0xFF) in (_SQLITE_BUSY, _SQLITE_LOCKED)
+
+
+def _to_fserror(e: sqlite3.Error, what: str) -> FsError:
+    """Map a SQLite failure: lock contention is retryable, the rest is not."""
+    name = getattr(e, "sqlite_errorname", type(e).__name__)
+    if getattr(e, "sqlite_errorcode", None) == _SQLITE_BUSY_SNAPSHOT:
+        return FsError(
+            Code.KV_CONFLICT, f"sqlite {what}: snapshot is stale ({name})", retryable=True
+        )
+    if _is_busy(e):
+        return FsError(
+            Code.KV_UNAVAILABLE, f"sqlite {what}: database is busy ({name}: {e})", retryable=True
+        )
+    return FsError(Code.KV_UNAVAILABLE, f"sqlite {what} failed ({name}: {e})", retryable=False)
+
+
+class SqliteDatabase(Database):
+    """A transactional ordered KV store in one SQLite WAL file.
+
+    Args:
+        path: database file; created (with its parent directory) if missing. It may
+            carry the options below as a URL query, e.g. ``kv.db?synchronous=NORMAL``,
+            so a service's ``kv_url`` config can choose them.
+        synchronous: ``"FULL"`` (default; fsync per commit, survives power loss)
+            or ``"NORMAL"`` (WAL fsynced only at checkpoints: survives a crash of
+            the process but may lose the last commits on power loss).
+        busy_timeout_ms: how long a commit waits for another process's write lock
+            before failing with a retryable ``KV_UNAVAILABLE``.
+        max_txn_age_s: commit records are kept this long; older transactions
+            fail with a retryable conflict.
+    """
+
+    engine = "sqlite"
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        synchronous: str = "FULL",
+        busy_timeout_ms: int = 10_000,
+        max_txn_age_s: float = 30.0,
+    ) -> None:
+        super().__init__()
+        if isinstance(path, str) and "?" in path:
+            # URL options: sqlite:///path/kv.db?synchronous=NORMAL&busy_timeout_ms=2000
+            path, query = path.split("?", 1)
+            for name, value in parse_qsl(query, keep_blank_values=True):
+                try:
+                    if name == "synchronous":
+                        synchronous = value
+                    elif name == "busy_timeout_ms":
+                        busy_timeout_ms = int(value)
+                    elif name == "max_txn_age_s":
+                        max_txn_age_s = float(value)
+                    else:
+                        raise ValueError("unknown option")
+                except ValueError as e:
+                    raise FsError(
+                        Code.INVALID_ARGUMENT,
+                        f"bad sqlite KV option {name}={value!r} ({e}); options: "
+                        "synchronous, busy_timeout_ms, max_txn_age_s",
+                    ) from e
+        if not isinstance(path, str) or not path:
+            raise FsError(
+                Code.INVALID_ARGUMENT, f"sqlite KV path must be a non-empty str, not {path!r}"
+            )
+        if synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
+            raise FsError(
+                Code.INVALID_ARGUMENT,
+                f"sqlite synchronous must be FULL or NORMAL, not {synchronous!r}",
+            )
+        if busy_timeout_ms < 0 or max_txn_age_s <= 0:
+            raise FsError(
+                Code.INVALID_ARGUMENT, "sqlite busy_timeout_ms must be >= 0 and max_txn_age_s > 0"
+            )
+        self.path = path
+        self.synchronous = synchronous.upper()
+        self.busy_timeout_ms = busy_timeout_ms
+        self.max_txn_age_s = max_txn_age_s
+        self._lock = threading.Lock()
+        self._pool: list[sqlite3.Connection] = []
+        self._pid = os.getpid()
+        self._closed = False
+        parent = os.path.dirname(os.path.abspath(path))
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except OSError as e:
+            raise FsError(
+                Code.KV_UNAVAILABLE,
+                f"sqlite KV: cannot create directory {parent}: {e}",
+                retryable=False,
+            ) from e
+        self._init_schema()
+
+    # -- connections ----------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self.busy_timeout_ms / 1000.0,
+                isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+                check_same_thread=False,  # pooled; used by one thread at a time
+                cached_statements=64,
+            )
+        except sqlite3.Error as e:
+            raise FsError(
+                Code.KV_UNAVAILABLE, f"sqlite KV: cannot open {self.path}: {e}", retryable=False
+            ) from e
+        try:
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        except sqlite3.Error as e:
+            conn.close()
+            raise _to_fserror(e, "configure connection") from e
+        return conn
+
+    def _init_schema(self) -> None:
+        """Switch the file to WAL and create the tables; safe to race with peers."""
+        conn = self._connect()
+        deadline = time.monotonic() + max(self.busy_timeout_ms / 1000.0, 1.0)
+        try:
+            while True:
+                try:
+                    mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                    if str(mode).lower() != "wal":
+                        raise FsError(
+                            Code.KV_UNAVAILABLE,
+                            f"sqlite KV: {self.path} cannot use WAL mode (got {mode!r})",
+                            retryable=False,
+                        )
+                    conn.execute("BEGIN IMMEDIATE")
+                    for stmt in _SCHEMA:
+                        conn.execute(stmt)
+                    conn.execute("COMMIT")
+                    break
+                except sqlite3.Error as e:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    if _is_busy(e) and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                        continue
+                    raise _to_fserror(e, f"open {self.path}") from e
+        except BaseException:
+            conn.close()
+            raise
+        self._release(conn)
+
+    def _acquire(self) -> sqlite3.Connection:
+        with self._lock:
+            if self._closed:
+                raise FsError(Code.KV_UNAVAILABLE, "sqlite KV database is closed", retryable=False)
+            if self._pid != os.getpid():
+                # Forked child: the parent's connections must not be used here.
+                self._pool = []
+                self._pid = os.getpid()
+            if self._pool:
+                return self._pool.pop()
+        return self._connect()
+
+    def _release(self, conn: sqlite3.Connection) -> None:
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            conn.close()
+            return
+        with self._lock:
+            if not self._closed and len(self._pool) < _POOL_MAX and self._pid == os.getpid():
+                self._pool.append(conn)
+                return
+        conn.close()
+
+    def create_transaction(self) -> SqliteTransaction:
+        if self._closed:
+            raise FsError(Code.KV_UNAVAILABLE, "sqlite KV database is closed", retryable=False)
+        return SqliteTransaction(self)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, []
+        for conn in pool:
+            conn.close()
+
+
+class SqliteTransaction(Transaction):
+    """Buffered writes over a pinned WAL snapshot; validated at commit."""
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self.db = db
+        self._conn: sqlite3.Connection | None = None
+        self.read_version: int | None = None
+        self.writes: dict[bytes, bytes | None] = {}
+        self.cleared: list[Range] = []
+        self.read_ranges: list[Range] = []
+        self.done = False
+
+    def __del__(self) -> None:
+        # A transaction dropped without commit/cancel must not pin a WAL snapshot.
+        try:
+            self.cancel()
+        except Exception:  # noqa: S110 - best effort in a finalizer
+            pass
+
+    # -- helpers ------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self.done:
+            raise FsError(Code.INTERNAL, "transaction already committed or cancelled")
+
+    @staticmethod
+    def _check_range(begin: bytes, end: bytes) -> tuple[bytes, bytes]:
+        Transaction.check_key(begin)
+        Transaction.check_key(end)
+        return bytes(begin), bytes(end)
+
+    def _snapshot(self) -> sqlite3.Connection:
+        """The connection with our read transaction, pinning a snapshot on first use."""
+        if self._conn is None:
+            conn = self.db._acquire()
+            try:
+                conn.execute("BEGIN")
+                row = conn.execute("SELECT version FROM kv_meta WHERE id = 0").fetchone()
+            except sqlite3.Error as e:
+                self.db._release(conn)
+                raise _to_fserror(e, "begin read") from e
+            self._conn = conn
+            self.read_version = int(row[0])
+        return self._conn
+
+    def _cleared(self, key: bytes) -> bool:
+        return any(b <= key < e for b, e in self.cleared)
+
+    # -- reads --------------------------------------------------------------------
+
+    def get(self, key: bytes, *, snapshot: bool = False) -> bytes | None:
+        self._check_open()
+        self.check_key(key)
+        key = bytes(key)
+        faults.maybe_fail("kv.get")
+        conn = self._snapshot()
+        if not snapshot:
+            self.read_ranges.append((key, key_after(key)))
+        if key in self.writes:
+            return self.writes[key]
+        if self._cleared(key):
+            return None
+        try:
+            row = conn.execute("SELECT v FROM kv WHERE k = ?", (key,)).fetchone()
+        except sqlite3.Error as e:
+            raise _to_fserror(e, "get") from e
+        return None if row is None else bytes(row[0])
+
+    def _stored(
+        self, conn: sqlite3.Connection, begin: bytes, end: bytes, reverse: bool
+    ) -> Generator[KeyValue, None, None]:
+        order = "DESC" if reverse else "ASC"
+        try:
+            cur = conn.execute(
+                f"SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k {order}", (begin, end)
+            )
+            try:
+                while True:
+                    rows = cur.fetchmany(_FETCH)
+                    if not rows:
+                        return
+                    for k, v in rows:
+                        yield bytes(k), bytes(v)
+            finally:
+                cur.close()
+        except sqlite3.Error as e:
+            raise _to_fserror(e, "get_range") from e
+
+    def get_range(
+        self,
+        begin: bytes,
+        end: bytes,
+        *,
+        limit: int = 0,
+        reverse: bool = False,
+        snapshot: bool = False,
+    ) -> list[KeyValue]:
+        self._check_open()
+        begin, end = self._check_range(begin, end)
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise FsError(
+                Code.INVALID_ARGUMENT, f"get_range limit must be an int >= 0, not {limit!r}"
+            )
+        faults.maybe_fail("kv.get_range")
+        if begin >= end:
+            return []
+        conn = self._snapshot()
+        # Own writes in the range, in output order, merged with the stored rows.
+        local = sorted(
+            ((k, v) for k, v in self.writes.items() if begin <= k < end),
+            key=lambda kv: kv[0],
+            reverse=reverse,
+        )
+        out: list[KeyValue] = []
+        stored = self._stored(conn, begin, end, reverse)
+        try:
+            self._merge(stored, local, out, limit, reverse)
+        finally:
+            stored.close()  # finish the SQLite cursor even when the limit stopped us early
+        if not snapshot:
+            if limit and len(out) >= limit:
+                last = out[-1][0]
+                self.read_ranges.append((last, end) if reverse else (begin, key_after(last)))
+            else:
+                self.read_ranges.append((begin, end))
+        return out
+
+    def _merge(
+        self,
+        stored: Iterator[KeyValue],
+        local: list[tuple[bytes, bytes | None]],
+        out: list[KeyValue],
+        limit: int,
+        reverse: bool,
+    ) -> None:
+        """Merge stored rows (minus our clears/overrides) with our own writes, in order."""
+        li = 0
+
+        def before(a: bytes, b: bytes) -> bool:
+            return a > b if reverse else a < b
+
+        for k, v in stored:
+            while li < len(local) and before(local[li][0], k):
+                lk, lv = local[li]
+                li += 1
+                if lv is not None:
+                    out.append((lk, lv))
+                    if limit and len(out) >= limit:
+                        break
+            if limit and len(out) >= limit:
+                break
+            if k in self.writes or self._cleared(k):
+                continue
+            out.append((k, v))
+            if limit and len(out) >= limit:
+                break
+        else:
+            for lk, lv in local[li:]:
+                if lv is not None:
+                    out.append((lk, lv))
+                    if limit and len(out) >= limit:
+                        break
+
+    # -- writes -------------------------------------------------------------------
+
+    def set(self, key: bytes, value: bytes) -> None:
+        self._check_open()
+        self.check_key(key)
+        self.check_value(value)
+        self.writes[bytes(key)] = bytes(value)
+
+    def clear(self, key: bytes) -> None:
+        self._check_open()
+        self.check_key(key)
+        self.writes[bytes(key)] = None
+
+    def clear_range(self, begin: bytes, end: bytes) -> None:
+        self._check_open()
+        begin, end = self._check_range(begin, end)
+        if begin >= end:
+            return
+        for k in [k for k in self.writes if begin <= k < end]:
+            del self.writes[k]
+        self.cleared.append((begin, end))
+
+    def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
+        self._check_open()
+        begin, end = self._check_range(begin, end)
+        if begin >= end:
+            return
+        self._snapshot()  # the range is checked from our read version on
+        self.read_ranges.append((begin, end))
+
+    # -- commit -------------------------------------------------------------------
+
+    def _conflicts(self, conn: sqlite3.Connection) -> int:
+        """Under the write lock: fail if a commit after our read version hit our reads.
+
+        Returns the current commit version.
+        """
+        version, trimmed = conn.execute(
+            "SELECT version, trimmed FROM kv_meta WHERE id = 0"
+        ).fetchone()
+        if self.read_version is None or not self.read_ranges or version == self.read_version:
+            return int(version)
+        if self.read_version < trimmed:
+            raise FsError(
+                Code.KV_CONFLICT, "transaction too old (commit log trimmed)", retryable=True
+            )
+        rows = conn.execute(
+            "SELECT b, e FROM kv_log WHERE version > ?", (self.read_version,)
+        ).fetchall()
+        for b, e in rows:
+            w = (bytes(b), bytes(e))
+            for r in self.read_ranges:
+                if _overlaps(w, r):
+                    raise FsError(Code.KV_CONFLICT, "transaction conflict", retryable=True)
+        return int(version)
+
+    def _apply(self, conn: sqlite3.Connection, version: int) -> None:
+        """Under the write lock, after bumping kv_meta to ``version``: apply, log, trim."""
+        now = time.time()
+        log: list[tuple[int, bytes, bytes, float]] = []
+        for b, e in self.cleared:
+            conn.execute("DELETE FROM kv WHERE k >= ? AND k < ?", (b, e))
+            log.append((version, b, e, now))
+        sets = [(k, v) for k, v in self.writes.items() if v is not None]
+        dels = [(k,) for k, v in self.writes.items() if v is None]
+        if dels:
+            conn.executemany("DELETE FROM kv WHERE k = ?", dels)
+        if sets:
+            conn.executemany("INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)", sets)
+        log.extend((version, k, key_after(k), now) for k in self.writes)
+        conn.executemany("INSERT INTO kv_log (version, b, e, ts) VALUES (?, ?, ?, ?)", log)
+        if version % _TRIM_EVERY == 0:
+            row = conn.execute(
+                "SELECT max(version) FROM kv_log WHERE ts < ?", (now - self.db.max_txn_age_s,)
+            ).fetchone()
+            if row[0] is not None:
+                conn.execute("DELETE FROM kv_log WHERE version <= ?", (row[0],))
+                conn.execute("UPDATE kv_meta SET trimmed = ? WHERE id = 0", (row[0],))
+
+    def commit(self) -> None:
+        self._check_open()
+        faults.maybe_fail("kv.commit")
+        self.done = True
+        conn, self._conn = self._conn, None
+        try:
+            if not self.writes and not self.cleared:
+                return  # read-only: its snapshot was consistent; nothing to validate
+            version: int | None = None
+            if conn is not None:
+                # Fast path: upgrade in place. WAL refuses (SQLITE_BUSY_SNAPSHOT) if
+                # anyone committed since our snapshot, so success means no conflict
+                # and the version we read is still the current one.
+                try:
+                    conn.execute("UPDATE kv_meta SET version = version + 1 WHERE id = 0")
+                    assert self.read_version is not None
+                    version = self.read_version + 1
+                except sqlite3.OperationalError as e:
+                    if not _is_busy(e):
+                        raise
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+            else:
+                conn = self.db._acquire()
+            if version is None:
+                # Slow path: take the write lock (waiting up to busy_timeout) on the
+                # newest data, then validate our reads against the commit log.
+                conn.execute("BEGIN IMMEDIATE")
+                version = self._conflicts(conn) + 1
+                conn.execute("UPDATE kv_meta SET version = ? WHERE id = 0", (version,))
+            self._apply(conn, version)
+            conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            raise _to_fserror(e, "commit") from e
+        finally:
+            if conn is not None:
+                self.db._release(conn)
+
+    def cancel(self) -> None:
+        if not self.done:
+            self.done = True
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self.db._release(conn)

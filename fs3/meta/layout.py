@@ -1,0 +1,136 @@
+"""Placement at create time: which chains a new file's chunks go to.
+
+3FS §6.4: a file's layout is fixed when it is created. A directory holds a
+*default* layout (chunk size, stripe width, chain table id) that new files
+inherit; the file gets a concrete list of ``stripe`` chain ids taken as a
+window from the newest version of that chain table. Windows advance
+round-robin with a per-meta-server counter that starts at a random offset, so
+files spread evenly over all chains without any shared (conflicting) counter
+in the KV. Storing the concrete ``chain_ids`` (not base + seed) makes the
+layout unambiguous for every client: chunk ``i`` lives on
+``chain_ids[i % stripe]`` (fs3/client/layout.py does that math).
+
+Chain tables come from mgmtd's routing info through a
+:class:`ChainTableSource`; meta never talks to mgmtd directly here, so tests
+inject a fixed source.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import random
+import threading
+from typing import Protocol
+
+from fs3.errors import posix
+from fs3.logs import event
+from fs3.proto import meta_pb2
+
+log = logging.getLogger("fs3.meta.layout")
+
+MIN_CHUNK_SIZE = 4096
+MAX_CHUNK_SIZE = 1 << 30
+MAX_STRIPE = 4096
+
+
+class ChainTableSource(Protocol):
+    """Where meta gets chain tables and capacity figures (routing info)."""
+
+    def latest_table(self, table_id: int) -> tuple[int, list[int]] | None:
+        """(version, chain ids) of the newest version of a table, or None if unknown."""
+
+    def space(self) -> tuple[int, int, int] | None:
+        """(capacity, used, free) bytes of the storage cluster, or None if unknown."""
+
+
+class NoChainTables:
+    """A source without routing: files get an empty chain list (and a log line)."""
+
+    def latest_table(self, table_id: int) -> tuple[int, list[int]] | None:
+        return None
+
+    def space(self) -> tuple[int, int, int] | None:
+        return None
+
+
+class StaticChainTables:
+    """Fixed chain tables (tests, benchmarks, single-host tools)."""
+
+    def __init__(self, tables: dict[int, list[int]], *, version: int = 1,
+                 space: tuple[int, int, int] | None = None) -> None:
+        self.tables = {k: list(v) for k, v in tables.items()}
+        self.version = version
+        self._space = space
+
+    def latest_table(self, table_id: int) -> tuple[int, list[int]] | None:
+        chains = self.tables.get(table_id)
+        return None if not chains else (self.version, list(chains))
+
+    def space(self) -> tuple[int, int, int] | None:
+        return self._space
+
+
+def validate_layout(layout: meta_pb2.Layout, *, partial: bool) -> None:
+    """Refuse impossible layouts with EINVAL. ``partial``: zero fields mean "keep"."""
+    cs = layout.chunk_size
+    if cs or not partial:
+        if cs < MIN_CHUNK_SIZE or cs > MAX_CHUNK_SIZE or cs & (cs - 1):
+            raise posix(errno.EINVAL, f"chunk_size must be a power of two in [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}]")
+    if layout.stripe or not partial:
+        if not 1 <= layout.stripe <= MAX_STRIPE:
+            raise posix(errno.EINVAL, f"stripe must be in [1, {MAX_STRIPE}]")
+    if not partial and layout.table_id == 0:
+        raise posix(errno.EINVAL, "table_id must be >= 1")
+
+
+def merge_layout(base: meta_pb2.Layout, override: meta_pb2.Layout) -> meta_pb2.Layout:
+    """``base`` with the non-zero fields of ``override`` (chain list never copied)."""
+    out = meta_pb2.Layout(
+        chunk_size=override.chunk_size or base.chunk_size,
+        stripe=override.stripe or base.stripe,
+        table_id=override.table_id or base.table_id,
+    )
+    return out
+
+
+class ChainAllocator:
+    """Chooses chain windows for new files, round-robin per (table, stripe)."""
+
+    def __init__(self, source: ChainTableSource, *, seed: int | None = None) -> None:
+        self.source = source
+        self._rng = random.Random(seed)
+        self._counters: dict[tuple[int, int], int] = {}
+        self._lock = threading.Lock()
+        self._warned: set[int] = set()
+
+    def place(self, default: meta_pb2.Layout) -> meta_pb2.Layout:
+        """A concrete file layout from a directory's default layout.
+
+        The stripe is capped at the table's size, so a file never lists one chain
+        twice. Without a chain table the chain list stays empty (the file can be
+        created and stat'ed, not written) and that is logged once per table.
+        """
+        out = meta_pb2.Layout(chunk_size=default.chunk_size, stripe=default.stripe, table_id=default.table_id)
+        table = self.source.latest_table(default.table_id)
+        if not table or not table[1]:
+            if default.table_id not in self._warned:
+                self._warned.add(default.table_id)
+                event(log, "no chain table yet; new files get an empty chain list",
+                      level=logging.WARNING, table_id=default.table_id)
+            return out
+        self._warned.discard(default.table_id)
+        version, chains = table
+        n = len(chains)
+        stripe = min(default.stripe, n)
+        key = (default.table_id, stripe)
+        with self._lock:
+            counter = self._counters.get(key)
+            if counter is None:
+                counter = self._rng.randrange(n) // stripe * stripe if n >= stripe else 0
+            self._counters[key] = counter + stripe
+        start = counter % n
+        out.stripe = stripe
+        out.table_version = version
+        out.chain_ids.extend(chains[(start + i) % n] for i in range(stripe))
+        return out

@@ -1,0 +1,1 @@
+"""One module per group of meta operations (3FS meta/store/ops)."""

@@ -1,0 +1,107 @@
+"""Read-mostly ops: lookup, getattr, access, readlink, readdir, and setlayout.
+
+Read-only ops use snapshot reads: they never make a writer retry, and a
+snapshot is still a consistent point-in-time view of the namespace.
+
+ReadDir pages by name: entries come sorted by raw name bytes and the cursor is
+the last name returned, so an entry that exists for the whole listing is
+returned exactly once however entries are added or removed in between pages
+(entries added or removed meanwhile may or may not appear, as POSIX allows).
+"." and ".." are not returned; the FUSE layer adds them (it knows the
+directory's inode and ``Attr.parent``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from fs3.errors import posix
+from fs3.meta import perms
+from fs3.meta import schema as S
+from fs3.meta.layout import validate_layout
+from fs3.meta.ops.common import OpCtx, search_dir, touch
+from fs3.meta.store import MetaTxn
+from fs3.proto import common_pb2, meta_pb2
+
+READDIR_DEFAULT = 1024
+READDIR_MAX = 4096
+
+
+def lookup(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.LookupRequest) -> meta_pb2.AttrResponse:
+    parent = search_dir(tx, ctx, req.parent, snapshot=True)
+    if req.name == b".":
+        node = parent
+    elif req.name == b"..":
+        node = tx.must(int(parent.attr.parent) or S.ROOT_INODE, snapshot=True)
+    else:
+        perms.check_name(req.name)
+        entry = tx.get_entry(parent.ino, req.name, snapshot=True)
+        if entry is None:
+            raise posix(errno.ENOENT, f"{req.name!r} not found in directory {parent.ino}")
+        node = tx.must(entry[0], snapshot=True)
+    return meta_pb2.AttrResponse(attr=S.public_attr(node.attr))
+
+
+def getattr_(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.GetAttrRequest) -> meta_pb2.AttrResponse:
+    if req.inode == 0:
+        raise posix(errno.EINVAL, "inode is required")
+    return meta_pb2.AttrResponse(attr=S.public_attr(tx.must(req.inode, snapshot=True).attr))
+
+
+def access(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.AccessRequest) -> common_pb2.Empty:
+    if req.inode == 0:
+        raise posix(errno.EINVAL, "inode is required")
+    if req.mask & ~(os.R_OK | os.W_OK | os.X_OK):
+        raise posix(errno.EINVAL, f"bad access mask {req.mask:#o}")
+    node = tx.must(req.inode, snapshot=True)
+    if req.mask:
+        perms.check(node.attr, ctx.user, req.mask, f"access {req.mask:#o} denied on inode {node.ino}")
+    return common_pb2.Empty()
+
+
+def readlink(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.ReadLinkRequest) -> meta_pb2.ReadLinkResponse:
+    if req.inode == 0:
+        raise posix(errno.EINVAL, "inode is required")
+    node = tx.must(req.inode, snapshot=True)
+    if not S.is_lnk(node.attr):
+        raise posix(errno.EINVAL, f"inode {node.ino} is not a symlink")
+    return meta_pb2.ReadLinkResponse(target=node.symlink_target)
+
+
+def readdir(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.ReadDirRequest) -> meta_pb2.ReadDirResponse:
+    if req.inode == 0:
+        raise posix(errno.EINVAL, "inode is required")
+    if len(req.cursor) > S.NAME_MAX:
+        raise posix(errno.EINVAL, "cursor longer than a name")
+    d = tx.must_dir(req.inode, snapshot=True)
+    perms.check(d.attr, ctx.user, perms.R, f"no read permission on directory {d.ino}")
+    limit = min(req.limit or READDIR_DEFAULT, READDIR_MAX)
+    rows = tx.list_entries(d.ino, bytes(req.cursor), limit + 1, snapshot=True)
+    resp = meta_pb2.ReadDirResponse(more=len(rows) > limit)
+    for name, ino, ftype in rows[:limit]:
+        e = resp.entries.add(name=name, inode=ino, type=ftype)
+        if req.with_attrs:
+            child = tx.load(ino, snapshot=True)
+            if child is not None:
+                e.attr.CopyFrom(S.public_attr(child.attr))
+    return resp
+
+
+def setlayout(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.SetLayoutRequest) -> meta_pb2.AttrResponse:
+    if req.inode == 0:
+        raise posix(errno.EINVAL, "inode is required")
+    validate_layout(req.layout, partial=True)
+    d = tx.must_dir(req.inode)
+    if not perms.is_owner_or_root(d.attr, ctx.user):
+        raise posix(errno.EPERM, "only the owner or root may set a directory's layout")
+    lay = d.attr.layout
+    if req.layout.chunk_size:
+        lay.chunk_size = req.layout.chunk_size
+    if req.layout.stripe:
+        lay.stripe = req.layout.stripe
+    if req.layout.table_id:
+        lay.table_id = req.layout.table_id
+    touch(d.attr, ctx.now_ns, mtime=False)
+    tx.put_inode(d)
+    return meta_pb2.AttrResponse(attr=S.public_attr(d.attr))

@@ -1,0 +1,156 @@
+"""Meta's key layout and record encodings, in one place.
+
+All keys live in the subspaces fs3.kv.keys assigns to meta (FoundationDB tuple
+layer, so every engine orders them alike):
+
+=================================  =========================================
+key                                value
+=================================  =========================================
+("in", ino)                        InodeRecord (meta.proto): Attr + symlink target
+("in", ino, "x", name)             raw xattr value bytes
+("de", parent, name)               tuple (child ino, S_IFMT type bits)
+("se", ino, session_id)            SessionRecord (open sessions, read and write)
+("gc", due_ns, ino)                GcEntry (chunks of a removed file to delete)
+("id", shard)                      u64 counter of the inode batch allocator
+("rq", request_id)                 IdemRecord (idempotent retries)
+=================================  =========================================
+
+Names are ``bytes`` inside the key tuples, so a directory's entries sort by raw
+name bytes, which is what the readdir cursor relies on. Why one InodeRecord per
+inode rather than one key per attribute: almost every operation needs the whole
+attribute set (permission check + reply) and reads it in one get.
+"""
+
+from __future__ import annotations
+
+import stat
+import struct
+
+from fs3.kv import keys as K
+from fs3.proto import common_pb2, meta_pb2
+
+ROOT_INODE = 1
+NAME_MAX = 255
+SYMLINK_MAX = 4095
+XATTR_NAME_MAX = 255
+XATTR_VALUE_MAX = 65536
+REQUEST_ID_MAX = 128
+
+_U64 = struct.Struct(">Q")
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+def inode_key(ino: int) -> bytes:
+    return K.pack(K.INODE, ino)
+
+
+def inode_range() -> tuple[bytes, bytes]:
+    """Every ("in", ...) key: inode records and their xattrs."""
+    return K.prefix_range(K.INODE)
+
+
+def xattr_key(ino: int, name: bytes) -> bytes:
+    return K.pack(K.INODE, ino, "x", name)
+
+
+def xattr_range(ino: int) -> tuple[bytes, bytes]:
+    return K.prefix_range(K.INODE, ino, "x")
+
+
+def dentry_key(parent: int, name: bytes) -> bytes:
+    return K.pack(K.DENTRY, parent, name)
+
+
+def dentry_range(parent: int) -> tuple[bytes, bytes]:
+    return K.prefix_range(K.DENTRY, parent)
+
+
+def all_dentries_range() -> tuple[bytes, bytes]:
+    return K.prefix_range(K.DENTRY)
+
+
+def session_key(ino: int, session_id: str) -> bytes:
+    return K.pack(K.SESSION, ino, session_id)
+
+
+def session_range(ino: int) -> tuple[bytes, bytes]:
+    return K.prefix_range(K.SESSION, ino)
+
+
+def all_sessions_range() -> tuple[bytes, bytes]:
+    return K.prefix_range(K.SESSION)
+
+
+def gc_key(due_ns: int, ino: int) -> bytes:
+    return K.pack(K.GC, due_ns, ino)
+
+
+def gc_range() -> tuple[bytes, bytes]:
+    return K.prefix_range(K.GC)
+
+
+def alloc_key(shard: int = 0) -> bytes:
+    return K.pack(K.INODE_ALLOC, shard)
+
+
+def idem_key(request_id: str) -> bytes:
+    return K.pack(K.REQUEST, request_id)
+
+
+def idem_range() -> tuple[bytes, bytes]:
+    return K.prefix_range(K.REQUEST)
+
+
+# ----------------------------------------------------------------------------- values
+
+
+def encode_dentry(ino: int, ftype: int) -> bytes:
+    return K.pack(ino, ftype)
+
+
+def decode_dentry(value: bytes) -> tuple[int, int]:
+    ino, ftype = K.unpack(value)
+    return int(ino), int(ftype)
+
+
+def encode_u64(v: int) -> bytes:
+    return _U64.pack(v)
+
+
+def decode_u64(v: bytes | None) -> int:
+    return 0 if v is None else int(_U64.unpack(v)[0])
+
+
+def timespec(ns: int) -> common_pb2.Timespec:
+    return common_pb2.Timespec(sec=ns // 1_000_000_000, nsec=ns % 1_000_000_000)
+
+
+def ts_ns(ts: common_pb2.Timespec) -> int:
+    return int(ts.sec) * 1_000_000_000 + int(ts.nsec)
+
+
+def file_type(mode: int) -> int:
+    return stat.S_IFMT(mode)
+
+
+def is_dir(attr: meta_pb2.Attr) -> bool:
+    return stat.S_ISDIR(attr.mode)
+
+
+def is_reg(attr: meta_pb2.Attr) -> bool:
+    return stat.S_ISREG(attr.mode)
+
+
+def is_lnk(attr: meta_pb2.Attr) -> bool:
+    return stat.S_ISLNK(attr.mode)
+
+
+def public_attr(attr: meta_pb2.Attr) -> meta_pb2.Attr:
+    """The Attr a client sees: stored fields plus derived ones (blocks, blksize)."""
+    out = meta_pb2.Attr()
+    out.CopyFrom(attr)
+    out.blocks = (attr.size + 511) // 512 if stat.S_ISREG(attr.mode) else 0
+    out.blksize = attr.layout.chunk_size if stat.S_ISREG(attr.mode) and attr.layout.chunk_size else 4096
+    return out

@@ -1,0 +1,150 @@
+"""``fs3 meta --config FILE``: one stateless metadata server.
+
+All state is in the KV (``[kv] url``), so any number of these processes can
+serve the same namespace at once. With a cluster file (``[cluster]
+cluster_file``) the server
+
+* follows mgmtd's routing info (chain tables for placing new files, target
+  capacities for statfs), and
+* heartbeats mgmtd as a META node, which is how clients find meta servers.
+
+Without one it still serves (files then get an empty chain list: fine for
+metadata-only tests and benchmarks). Background jobs: pruning old idempotency
+records. Prints ``fs3-meta listening on HOST:PORT`` once it serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import sys
+from typing import Any
+
+from fs3.config import MetaConfig
+from fs3.errors import FsError
+from fs3.kv import open_database
+from fs3.logs import event
+from fs3.meta.layout import ChainTableSource, NoChainTables
+from fs3.meta.operator import MetaOperator
+from fs3.meta.service import MetaServicer
+from fs3.proto import meta_pb2_grpc, mgmtd_pb2
+from fs3.rpc.server import add_servicer, bind, create_server
+from fs3.service import service_main
+
+log = logging.getLogger("fs3.meta")
+
+IDEM_PRUNE_INTERVAL_S = 60.0
+
+
+class RoutingChainTables:
+    """A :class:`ChainTableSource` over a routing watcher's current routing info."""
+
+    def __init__(self, watcher: Any) -> None:
+        self.watcher = watcher
+
+    def latest_table(self, table_id: int) -> tuple[int, list[int]] | None:
+        try:
+            t = self.watcher.current.table(table_id)
+        except FsError:
+            return None
+        return int(t.version), [int(c) for c in t.chain_ids]
+
+    def space(self) -> tuple[int, int, int] | None:
+        """Per chain, the smallest replica bounds what fits; sum over chains."""
+        r = self.watcher.current
+        total = used = free = 0
+        for chain in r.chains():
+            caps = []
+            for ct in chain.targets:
+                if r.has_target(ct.target_id):
+                    caps.append(r.target(ct.target_id))
+            caps = [t for t in caps if t.capacity_bytes]
+            if not caps:
+                continue
+            total += min(t.capacity_bytes for t in caps)
+            used += max(t.used_bytes for t in caps)
+            free += min(t.free_bytes for t in caps)
+        return (total, used, free) if total else None
+
+
+async def _heartbeats(client: Any, cfg: MetaConfig, address: str, stop: asyncio.Event) -> None:
+    name = cfg.node.name or f"meta-{cfg.node.id}"
+    while not stop.is_set():
+        try:
+            await client.heartbeat(mgmtd_pb2.HeartbeatRequest(
+                node_id=cfg.node.id, type=mgmtd_pb2.NODE_TYPE_META, address=address,
+                hostname=socket.gethostname(), name=name))
+        except FsError as e:
+            log.debug("heartbeat to mgmtd failed: %s", e)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=cfg.meta.heartbeat_interval_s)
+
+
+async def _prune_requests(op: MetaOperator, ttl_s: float, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=IDEM_PRUNE_INTERVAL_S)
+        if stop.is_set():
+            return
+        try:
+            n = await asyncio.to_thread(op.prune_requests, ttl_s)
+            if n:
+                event(log, "pruned idempotency records", count=n)
+        except FsError as e:
+            log.warning("pruning idempotency records failed: %s", e)
+
+
+async def serve(cfg: MetaConfig, stop: asyncio.Event) -> int:
+    db = open_database(cfg.kv.url)
+    mgmtd: Any = None
+    watcher: Any = None
+    source: ChainTableSource = NoChainTables()
+    tasks: list[asyncio.Task[None]] = []
+    server = create_server()
+    try:
+        if cfg.cluster.cluster_file:
+            from fs3.client.mgmtd_client import MgmtdClient
+            from fs3.client.routing import RoutingWatcher
+
+            mgmtd = MgmtdClient.from_cluster_file(cfg.cluster.cluster_file)
+            watcher = RoutingWatcher(mgmtd, poll_interval_s=cfg.meta.routing_refresh_s)
+            await watcher.start()
+            source = RoutingChainTables(watcher)
+        op = await asyncio.to_thread(MetaOperator, db, cfg.meta, source)
+        add_servicer(server, meta_pb2_grpc.add_MetaServiceServicer_to_server, MetaServicer(op))
+        port = bind(server, cfg.node.host, cfg.node.port)
+        address = f"{cfg.node.host}:{port}"
+        await server.start()
+        print(f"fs3-meta listening on {address}", flush=True)
+        event(log, "meta started", node=cfg.node.id, address=address, kv=db.engine,
+              routing=bool(cfg.cluster.cluster_file))
+        if mgmtd is not None:
+            tasks.append(asyncio.create_task(_heartbeats(mgmtd, cfg, address, stop), name="meta-heartbeat"))
+        tasks.append(asyncio.create_task(
+            _prune_requests(op, cfg.meta.request_record_ttl_s, stop), name="meta-prune-requests"))
+        await stop.wait()
+    finally:
+        stop.set()
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await server.stop(grace=0.5)
+        if watcher is not None:
+            await watcher.stop()
+        if mgmtd is not None:
+            await mgmtd.close()
+        db.close()
+        event(log, "meta stopped", node=cfg.node.id)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return service_main(list(sys.argv[1:] if argv is None else argv), "fs3 meta", MetaConfig, serve)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""Typed access to meta's records inside one KV transaction.
+
+Ops never touch raw keys; they call these accessors, so the key layout in
+:mod:`fs3.meta.schema` is the only place that knows the encoding. Reads are
+serializable (they join the read-conflict set) unless ``snapshot=True``:
+read-only ops use snapshot reads so they never make writers retry; mutating ops
+read everything they depend on with conflict so concurrent changes serialize.
+"""
+
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass
+
+from fs3.errors import posix
+from fs3.kv import Transaction
+from fs3.meta import schema as S
+from fs3.proto import meta_pb2
+
+
+@dataclass
+class Inode:
+    """A loaded inode record (``attr`` is mutable; call :meth:`MetaTxn.put_inode`)."""
+
+    attr: meta_pb2.Attr
+    symlink_target: bytes = b""
+
+    @property
+    def ino(self) -> int:
+        return int(self.attr.inode)
+
+
+class MetaTxn:
+    """Meta's view of one KV transaction."""
+
+    def __init__(self, tr: Transaction) -> None:
+        self.tr = tr
+        # One object per inode per transaction: ops that touch the same inode
+        # through two roles (rename: parent and child) mutate one object.
+        self._cache: dict[int, Inode] = {}
+        self._conflicted: set[int] = set()
+
+    # -- inodes ------------------------------------------------------------------
+
+    def load(self, ino: int, *, snapshot: bool = False) -> Inode | None:
+        cached = self._cache.get(ino)
+        if cached is not None:
+            if not snapshot and ino not in self._conflicted:
+                self.tr.add_read_conflict_key(S.inode_key(ino))
+                self._conflicted.add(ino)
+            return cached
+        raw = self.tr.get(S.inode_key(ino), snapshot=snapshot)
+        if not snapshot:
+            self._conflicted.add(ino)
+        if raw is None:
+            return None
+        rec = meta_pb2.InodeRecord.FromString(raw)
+        node = Inode(rec.attr, rec.symlink_target)
+        self._cache[ino] = node
+        return node
+
+    def must(self, ino: int, *, snapshot: bool = False) -> Inode:
+        """The inode or ENOENT."""
+        node = self.load(ino, snapshot=snapshot)
+        if node is None:
+            raise posix(errno.ENOENT, f"no inode {ino}")
+        return node
+
+    def must_dir(self, ino: int, *, snapshot: bool = False) -> Inode:
+        node = self.must(ino, snapshot=snapshot)
+        if not S.is_dir(node.attr):
+            raise posix(errno.ENOTDIR, f"inode {ino} is not a directory")
+        return node
+
+    def put_inode(self, node: Inode) -> None:
+        self._cache[node.ino] = node
+        rec = meta_pb2.InodeRecord(attr=node.attr, symlink_target=node.symlink_target)
+        self.tr.set(S.inode_key(node.ino), rec.SerializeToString())
+
+    def delete_inode(self, ino: int) -> None:
+        """Remove the inode record and its xattrs."""
+        self._cache.pop(ino, None)
+        self.tr.clear(S.inode_key(ino))
+        b, e = S.xattr_range(ino)
+        self.tr.clear_range(b, e)
+
+    # -- directory entries ---------------------------------------------------------
+
+    def get_entry(self, parent: int, name: bytes, *, snapshot: bool = False) -> tuple[int, int] | None:
+        raw = self.tr.get(S.dentry_key(parent, name), snapshot=snapshot)
+        return None if raw is None else S.decode_dentry(raw)
+
+    def set_entry(self, parent: int, name: bytes, ino: int, ftype: int) -> None:
+        self.tr.set(S.dentry_key(parent, name), S.encode_dentry(ino, ftype))
+
+    def clear_entry(self, parent: int, name: bytes) -> None:
+        self.tr.clear(S.dentry_key(parent, name))
+
+    def list_entries(
+        self, parent: int, after: bytes, limit: int, *, snapshot: bool = True
+    ) -> list[tuple[bytes, int, int]]:
+        """Up to ``limit`` entries with name > ``after`` (b"" = from the start)."""
+        begin, end = S.dentry_range(parent)
+        if after:
+            begin = S.dentry_key(parent, after) + b"\x00"
+        out = []
+        for k, v in self.tr.get_range(begin, end, limit=limit, snapshot=snapshot):
+            name = S.K.unpack(k)[2]
+            ino, ftype = S.decode_dentry(v)
+            out.append((bytes(name), ino, ftype))
+        return out
+
+    def dir_is_empty(self, ino: int) -> bool:
+        """Serializable emptiness check: a concurrent create into it conflicts."""
+        begin, end = S.dentry_range(ino)
+        return not self.tr.get_range(begin, end, limit=1)
+
+    # -- sessions --------------------------------------------------------------------
+
+    def get_session(self, ino: int, session_id: str) -> meta_pb2.SessionRecord | None:
+        raw = self.tr.get(S.session_key(ino, session_id))
+        return None if raw is None else meta_pb2.SessionRecord.FromString(raw)
+
+    def put_session(self, ino: int, session_id: str, rec: meta_pb2.SessionRecord) -> None:
+        self.tr.set(S.session_key(ino, session_id), rec.SerializeToString())
+
+    def clear_session(self, ino: int, session_id: str) -> None:
+        self.tr.clear(S.session_key(ino, session_id))
+
+    def has_sessions(self, ino: int) -> bool:
+        begin, end = S.session_range(ino)
+        return bool(self.tr.get_range(begin, end, limit=1))
+
+    # -- xattrs ------------------------------------------------------------------------
+
+    def get_xattr(self, ino: int, name: bytes, *, snapshot: bool = False) -> bytes | None:
+        return self.tr.get(S.xattr_key(ino, name), snapshot=snapshot)
+
+    def set_xattr(self, ino: int, name: bytes, value: bytes) -> None:
+        self.tr.set(S.xattr_key(ino, name), value)
+
+    def clear_xattr(self, ino: int, name: bytes) -> None:
+        self.tr.clear(S.xattr_key(ino, name))
+
+    def list_xattrs(self, ino: int, *, snapshot: bool = True) -> list[bytes]:
+        begin, end = S.xattr_range(ino)
+        return [bytes(S.K.unpack(k)[3]) for k, _ in self.tr.get_range(begin, end, snapshot=snapshot)]
+
+    # -- GC queue ------------------------------------------------------------------------
+
+    def enqueue_gc(self, due_ns: int, entry: meta_pb2.GcEntry) -> None:
+        self.tr.set(S.gc_key(due_ns, entry.inode), entry.SerializeToString())
+
+    # -- idempotency ----------------------------------------------------------------------
+
+    def get_idem(self, request_id: str) -> meta_pb2.IdemRecord | None:
+        raw = self.tr.get(S.idem_key(request_id))
+        return None if raw is None else meta_pb2.IdemRecord.FromString(raw)
+
+    def put_idem(self, request_id: str, rec: meta_pb2.IdemRecord) -> None:
+        self.tr.set(S.idem_key(request_id), rec.SerializeToString())

@@ -1,0 +1,670 @@
+"""Chunk engine: the per-target store of chunk data and metadata.
+
+Semantics follow 3FS's *new* chunk engine (reference §5.1):
+
+- **Copy-on-write.** An update is *staged* into a new data file (or, for a pure
+  append, past the committed length of the current file, which readers never
+  look at) and kept as the chunk's *pending* version. Readers keep seeing the
+  last *committed* version until :meth:`commit` publishes the new one.
+- **One atomic metadata commit.** Committed metadata lives in a per-target SQLite
+  database (WAL, ``synchronous=FULL``). The data file is written and fsync'd (and
+  its directory fsync'd) *before* the metadata row that names it is committed, so
+  after ``kill -9`` or power loss a chunk is either its old committed version or
+  its new one, never a mix, and its checksums match. Files no committed row names
+  (a crash between staging and committing) are deleted at start-up.
+- **Pending state is in memory.** A restarted target always resyncs from its
+  predecessor (reference §2.6 start-up rule), so losing staged-but-uncommitted
+  updates on a crash is safe.
+
+Checksums: every chunk has a whole-chunk CRC32C (what replicas compare) and a
+CRC32C per ``block_size`` block (default 64 KiB). Reads verify the blocks that
+cover the requested range, so a 4 KiB random read checks 64 KiB rather than a
+whole chunk, yet every byte served is verified; a mismatch raises
+``CHECKSUM_MISMATCH``.
+
+All methods are synchronous and may block on disk I/O; the storage service calls
+them from worker threads (``asyncio.to_thread``). Per-chunk mutual exclusion of
+stage/commit is the caller's job (the CRAQ layer's chunk locks); the engine only
+guards its own shared structures.
+"""
+
+from __future__ import annotations
+
+import abc
+import errno as _errno
+import os
+import secrets
+import sqlite3
+import struct
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import crc32c as _crc32c
+
+from fs3.errors import Code, FsError, invalid
+
+MAX_CHUNK_SIZE = 64 << 20
+DEFAULT_BLOCK_SIZE = 64 << 10
+_ALL_INDEXES = 0xFFFFFFFF
+
+
+def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
+    """CRC32C (Castagnoli) of ``data``, C-accelerated."""
+    return int(_crc32c.crc32c(data, value))
+
+
+@dataclass(frozen=True, order=True)
+class ChunkKey:
+    """A chunk: (inode, chunk index). Ordered like 3FS chunk ids within an inode."""
+
+    inode: int
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.inode:x}:{self.index}"
+
+
+@dataclass(frozen=True)
+class ChunkMeta:
+    """Committed state of one chunk (plus the pending version, if any)."""
+
+    key: ChunkKey
+    commit_ver: int
+    chain_ver: int
+    length: int
+    checksum: int
+    block_crcs: bytes = b""  # packed little-endian u32 per block
+    file: str = ""  # data file name relative to the target's data dir ("" for an empty chunk)
+    update_ver: int = 0  # == commit_ver unless an update is pending
+
+    @property
+    def uncommitted(self) -> bool:
+        return self.update_ver != self.commit_ver
+
+
+@dataclass
+class PendingUpdate:
+    """A staged, not yet committed chunk version (in memory only)."""
+
+    key: ChunkKey
+    update_ver: int
+    chain_ver: int
+    remove: bool
+    length: int = 0
+    checksum: int = 0
+    block_crcs: bytes = b""
+    file: str = ""
+    owns_file: bool = False  # the file was created for this update (delete it on abort)
+    tag: tuple[str, int, int] | None = None  # (client, channel, seqnum) of the request, for retries
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SpaceStats:
+    capacity_bytes: int
+    free_bytes: int
+    used_bytes: int  # bytes held by this engine's chunk files
+    chunk_count: int
+
+
+class ChunkEngine(abc.ABC):
+    """The storage of one target. See the module docstring for the guarantees."""
+
+    block_size: int
+
+    @abc.abstractmethod
+    def get(self, key: ChunkKey) -> ChunkMeta | None:
+        """The committed metadata of ``key`` (``update_ver`` shows a pending version)."""
+
+    @abc.abstractmethod
+    def pending(self, key: ChunkKey) -> PendingUpdate | None:
+        """The staged update of ``key``, if any."""
+
+    @abc.abstractmethod
+    def list(self, inode: int | None = None, begin: int = 0, end: int = _ALL_INDEXES) -> list[ChunkMeta]:
+        """Committed chunks, ordered by key; optionally those of ``inode`` with index in [begin, end)."""
+
+    @abc.abstractmethod
+    def stage_write(
+        self,
+        key: ChunkKey,
+        offset: int,
+        data: bytes | bytearray | memoryview,
+        *,
+        update_ver: int,
+        chain_ver: int,
+        chunk_size: int,
+        replace_all: bool = False,
+    ) -> PendingUpdate:
+        """Stage writing ``data`` at ``offset`` on top of the committed version.
+
+        ``replace_all``: the chunk's content becomes exactly ``data`` (offset must
+        be 0) — full-chunk replace used by resync and re-driven updates.
+        Replaces any previously staged update of ``key``.
+        """
+
+    @abc.abstractmethod
+    def stage_truncate(
+        self, key: ChunkKey, length: int, *, update_ver: int, chain_ver: int, chunk_size: int, only_extend: bool
+    ) -> PendingUpdate:
+        """Stage resizing the chunk to ``length`` (zero-filled when growing)."""
+
+    @abc.abstractmethod
+    def stage_remove(self, key: ChunkKey, *, update_ver: int, chain_ver: int) -> PendingUpdate:
+        """Stage deleting the chunk."""
+
+    @abc.abstractmethod
+    def commit(self, pending: PendingUpdate, chain_ver: int | None = None) -> ChunkMeta | None:
+        """Atomically publish ``pending``; returns the new meta (None after a remove)."""
+
+    @abc.abstractmethod
+    def abort(self, key: ChunkKey) -> None:
+        """Drop the staged update of ``key`` (if any) and its private file."""
+
+    @abc.abstractmethod
+    def read(self, key: ChunkKey, offset: int, length: int) -> tuple[ChunkMeta, bytes]:
+        """Read committed bytes [offset, offset+length) (short past the end), verified.
+
+        Raises CHUNK_NOT_FOUND or CHECKSUM_MISMATCH.
+        """
+
+    @abc.abstractmethod
+    def read_pending_full(self, key: ChunkKey) -> bytes:
+        """The whole content of the staged version (for full-chunk forwarding)."""
+
+    @abc.abstractmethod
+    def space(self) -> SpaceStats:
+        """Capacity/free of the underlying disk and this engine's usage."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release files and the metadata database."""
+
+
+# --------------------------------------------------------------------------- file engine
+
+
+def _pack_crcs(crcs: Iterable[int]) -> bytes:
+    lst = list(crcs)
+    return struct.pack(f"<{len(lst)}I", *lst)
+
+
+def _unpack_crcs(blob: bytes) -> tuple[int, ...]:
+    return struct.unpack(f"<{len(blob) // 4}I", blob)
+
+
+def _block_crcs(data: bytes | bytearray | memoryview, block: int) -> bytes:
+    mv = memoryview(data)
+    return _pack_crcs(crc32c(mv[i : i + block]) for i in range(0, len(mv), block))
+
+
+def _no_space(what: str) -> FsError:
+    return FsError(Code.NO_SPACE, f"no space left on device: {what}", retryable=False)
+
+
+def _os_error(e: OSError, what: str) -> FsError:
+    if e.errno in (_errno.ENOSPC, _errno.EDQUOT):
+        return _no_space(what)
+    return FsError(Code.INTERNAL, f"{what}: {e}", errno=e.errno or _errno.EIO)
+
+
+class FileChunkEngine(ChunkEngine):
+    """One file per chunk version under ``<root>/data/XX/``, metadata in ``<root>/meta.db``.
+
+    Args:
+        root: the target directory (created if missing).
+        fsync: make data and metadata durable before :meth:`commit` returns
+            (tests may disable it for speed; crash tests keep it on).
+        block_size: checksum block size (power of two).
+        reserved_bytes: refuse growth when the disk would drop below this many free bytes.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        fsync: bool = True,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        reserved_bytes: int = 0,
+    ) -> None:
+        if block_size <= 0 or block_size & (block_size - 1):
+            raise invalid("block_size must be a power of two")
+        self.root = Path(root)
+        self.data_dir = self.root / "data"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.fsync = fsync
+        self.block_size = block_size
+        self.reserved_bytes = reserved_bytes
+        self._lock = threading.Lock()  # guards _metas, _pending, _db, counters
+        self._metas: dict[ChunkKey, ChunkMeta] = {}
+        self._pending: dict[ChunkKey, PendingUpdate] = {}
+        self._nonce = secrets.token_hex(4)
+        self._seq = 0
+        self._used = 0
+        self._db = sqlite3.connect(str(self.root / "meta.db"), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={'FULL' if fsync else 'OFF'}")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS chunks (inode INTEGER, idx INTEGER, commit_ver INTEGER,"
+            " chain_ver INTEGER, length INTEGER, checksum INTEGER, block_crcs BLOB, file TEXT,"
+            " PRIMARY KEY (inode, idx)) WITHOUT ROWID"
+        )
+        for row in self._db.execute("SELECT inode, idx, commit_ver, chain_ver, length, checksum, block_crcs, file FROM chunks"):
+            key = ChunkKey(_u64(row[0]), row[1])
+            self._metas[key] = ChunkMeta(key, row[2], row[3], row[4], row[5], bytes(row[6]), row[7], row[2])
+            self._used += row[4]
+        self._cleanup_orphans()
+
+    # -- helpers
+
+    def _cleanup_orphans(self) -> None:
+        """Delete data files no committed row names (left by a crash before commit)."""
+        live = {m.file for m in self._metas.values() if m.file}
+        for sub in self.data_dir.iterdir():
+            if not sub.is_dir():
+                continue
+            for f in sub.iterdir():
+                rel = f"{sub.name}/{f.name}"
+                if rel not in live:
+                    f.unlink(missing_ok=True)
+
+    def _new_file(self, key: ChunkKey) -> str:
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+        sub = f"{(key.inode * 31 + key.index) & 0xFF:02x}"
+        (self.data_dir / sub).mkdir(exist_ok=True)
+        return f"{sub}/{key.inode:016x}.{key.index:08x}.{self._nonce}{seq:x}"
+
+    def _path(self, rel: str) -> str:
+        return str(self.data_dir / rel)
+
+    def _sync_file_and_dir(self, fd: int, rel: str) -> None:
+        if not self.fsync:
+            return
+        os.fsync(fd)
+        dfd = os.open(str(self.data_dir / rel.split("/")[0]), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def _check_room(self, growth: int) -> None:
+        if growth <= 0:
+            return
+        st = os.statvfs(self.root)
+        free = st.f_bavail * st.f_frsize
+        if free - growth < self.reserved_bytes:
+            raise _no_space(f"target {self.root}: {free} bytes free, need {growth} (+{self.reserved_bytes} reserved)")
+
+    def _read_file(self, rel: str, offset: int, length: int) -> bytes:
+        if length <= 0 or not rel:
+            return b""
+        fd = os.open(self._path(rel), os.O_RDONLY)
+        try:
+            return os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+
+    def _copy_prefix(self, src_rel: str, dst_fd: int, length: int) -> None:
+        """Copy the first ``length`` bytes of ``src_rel`` into ``dst_fd`` in the kernel."""
+        if length <= 0 or not src_rel:
+            return
+        src = os.open(self._path(src_rel), os.O_RDONLY)
+        try:
+            off_in, off_out, left = 0, 0, length
+            try:
+                while left > 0:
+                    n = os.copy_file_range(src, dst_fd, left, off_in, off_out)
+                    if n == 0:
+                        break
+                    off_in += n
+                    off_out += n
+                    left -= n
+            except OSError as e:
+                if e.errno not in (_errno.EXDEV, _errno.ENOSYS, _errno.EOPNOTSUPP, _errno.EINVAL):
+                    raise
+                while left > 0:  # fallback: buffered copy
+                    buf = os.pread(src, min(left, 1 << 20), off_in)
+                    if not buf:
+                        break
+                    os.pwrite(dst_fd, buf, off_out)
+                    off_in += len(buf)
+                    off_out += len(buf)
+                    left -= len(buf)
+            if left > 0:
+                raise FsError(Code.INTERNAL, f"chunk file {src_rel} shorter than its committed length")
+        finally:
+            os.close(src)
+
+    def _set_pending(self, p: PendingUpdate) -> PendingUpdate:
+        with self._lock:
+            old = self._pending.pop(p.key, None)
+            self._pending[p.key] = p
+        if old is not None and old.owns_file and old.file and old.file != p.file:
+            self._unlink(old.file)
+        return p
+
+    def _unlink(self, rel: str) -> None:
+        try:
+            os.unlink(self._path(rel))
+        except FileNotFoundError:
+            pass
+
+    @staticmethod
+    def _check_bounds(offset: int, length: int, chunk_size: int) -> None:
+        if not 0 < chunk_size <= MAX_CHUNK_SIZE:
+            raise invalid(f"chunk size {chunk_size} out of range (1..{MAX_CHUNK_SIZE})")
+        if offset < 0 or length < 0 or offset + length > chunk_size:
+            raise invalid(f"range [{offset}, {offset + length}) exceeds chunk size {chunk_size}")
+
+    # -- ChunkEngine
+
+    def get(self, key: ChunkKey) -> ChunkMeta | None:
+        with self._lock:
+            m = self._metas.get(key)
+            p = self._pending.get(key)
+        if m is None:
+            return None
+        return replace(m, update_ver=p.update_ver) if p is not None else m
+
+    def pending(self, key: ChunkKey) -> PendingUpdate | None:
+        with self._lock:
+            return self._pending.get(key)
+
+    def list(self, inode: int | None = None, begin: int = 0, end: int = _ALL_INDEXES) -> list[ChunkMeta]:
+        with self._lock:
+            items = [
+                m if (p := self._pending.get(k)) is None else replace(m, update_ver=p.update_ver)
+                for k, m in self._metas.items()
+                if inode is None or (k.inode == inode and begin <= k.index < end)
+            ]
+        items.sort(key=lambda m: m.key)
+        return items
+
+    def stage_write(
+        self,
+        key: ChunkKey,
+        offset: int,
+        data: bytes | bytearray | memoryview,
+        *,
+        update_ver: int,
+        chain_ver: int,
+        chunk_size: int,
+        replace_all: bool = False,
+    ) -> PendingUpdate:
+        length = len(data)
+        self._check_bounds(offset, length, chunk_size)
+        if replace_all and offset != 0:
+            raise invalid("a full-chunk replace starts at offset 0")
+        self.abort(key)
+        old = self.get(key)
+        old_len = old.length if old else 0
+        new_len = length if replace_all else max(old_len, offset + length)
+        self._check_room(new_len - old_len if not replace_all else new_len)
+        bs = self.block_size
+        # Pure append into the committed file: bytes past the committed length are
+        # invisible to readers and to a crash-recovered engine, so no copy is needed.
+        in_place = old is not None and old.file != "" and not replace_all and offset == old_len and length > 0
+        full = replace_all or (offset == 0 and length >= old_len)
+        rel = old.file if in_place and old else self._new_file(key)
+        flags = os.O_WRONLY if in_place else os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        try:
+            fd = os.open(self._path(rel), flags, 0o644)
+        except OSError as e:
+            raise _os_error(e, f"create chunk file for {key}") from None
+        try:
+            try:
+                if not full and not in_place and old is not None:
+                    self._copy_prefix(old.file, fd, old_len)
+                if new_len == 0:
+                    pass
+                elif offset > old_len and not full:
+                    os.ftruncate(fd, offset)  # zero-fill the gap (sparse)
+                mv = memoryview(data)
+                done = 0
+                while done < length:
+                    done += os.pwrite(fd, mv[done:], offset + done)
+                if not in_place and os.fstat(fd).st_size < new_len:
+                    os.ftruncate(fd, new_len)
+                self._sync_file_and_dir(fd, rel)
+            except OSError as e:
+                if not in_place:
+                    self._unlink(rel)
+                raise _os_error(e, f"write chunk {key}") from None
+            except BaseException:
+                if not in_place:
+                    self._unlink(rel)
+                raise
+            # checksums of the new content
+            if full:
+                crc = crc32c(data)
+                blocks = _block_crcs(data, bs)
+            else:
+                # Partial update: checksum the resulting content (a page-cache read of
+                # at most one chunk; CRC32C runs at ~15 GB/s).
+                content = self._read_file(rel, 0, new_len)
+                if len(content) != new_len:
+                    if not in_place:
+                        self._unlink(rel)
+                    raise FsError(Code.INTERNAL, f"chunk {key}: short read-back of staged content")
+                crc = crc32c(content)
+                blocks = _block_crcs(content, bs)
+        finally:
+            os.close(fd)
+        return self._set_pending(
+            PendingUpdate(key, update_ver, chain_ver, False, new_len, crc, blocks, rel, owns_file=not in_place)
+        )
+
+    def stage_truncate(
+        self, key: ChunkKey, length: int, *, update_ver: int, chain_ver: int, chunk_size: int, only_extend: bool
+    ) -> PendingUpdate:
+        self._check_bounds(0, length, chunk_size)
+        self.abort(key)
+        old = self.get(key)
+        old_len = old.length if old else 0
+        if only_extend and length <= old_len:
+            length = old_len
+        if length > old_len:
+            # Growing: zero-fill — an "append" of zeros; reuse the write path.
+            self._check_room(length - old_len)
+            return self._stage_zero_extend(key, old, length, update_ver, chain_ver, chunk_size)
+        # Shrinking (or same): the committed file is shared; only the length changes.
+        rel = old.file if old else ""
+        if length == 0:
+            return self._set_pending(
+                PendingUpdate(key, update_ver, chain_ver, False, 0, 0, b"", "", owns_file=False)
+            )
+        assert old is not None
+        bs = self.block_size
+        keep = length // bs
+        blocks = list(_unpack_crcs(old.block_crcs)[:keep])
+        head = self._read_file(rel, 0, length)
+        if len(head) != length:
+            raise FsError(Code.INTERNAL, f"chunk {key}: data file shorter than committed length")
+        if length % bs:
+            blocks.append(crc32c(memoryview(head)[keep * bs :]))
+        return self._set_pending(
+            PendingUpdate(key, update_ver, chain_ver, False, length, crc32c(head), _pack_crcs(blocks), rel, False)
+        )
+
+    def _stage_zero_extend(
+        self, key: ChunkKey, old: ChunkMeta | None, length: int, update_ver: int, chain_ver: int, chunk_size: int
+    ) -> PendingUpdate:
+        old_len = old.length if old else 0
+        rel = self._new_file(key)
+        try:
+            fd = os.open(self._path(rel), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as e:
+            raise _os_error(e, f"create chunk file for {key}") from None
+        try:
+            try:
+                if old is not None:
+                    self._copy_prefix(old.file, fd, old_len)
+                os.ftruncate(fd, length)
+                if self.fsync:
+                    try:
+                        os.posix_fallocate(fd, 0, length)  # really reserve the space now
+                    except OSError as e:
+                        if e.errno in (_errno.ENOSPC, _errno.EDQUOT):
+                            raise
+                self._sync_file_and_dir(fd, rel)
+            except OSError as e:
+                self._unlink(rel)
+                raise _os_error(e, f"extend chunk {key}") from None
+        finally:
+            os.close(fd)
+        content = self._read_file(rel, 0, length)
+        p = PendingUpdate(
+            key, update_ver, chain_ver, False, length, crc32c(content), _block_crcs(content, self.block_size), rel, True
+        )
+        return self._set_pending(p)
+
+    def stage_remove(self, key: ChunkKey, *, update_ver: int, chain_ver: int) -> PendingUpdate:
+        self.abort(key)
+        return self._set_pending(PendingUpdate(key, update_ver, chain_ver, True))
+
+    def commit(self, pending: PendingUpdate, chain_ver: int | None = None) -> ChunkMeta | None:
+        key = pending.key
+        cv = pending.chain_ver if chain_ver is None else chain_ver
+        with self._lock:
+            cur = self._pending.get(key)
+            if cur is not pending:
+                raise FsError(Code.INTERNAL, f"chunk {key}: commit of an update that is no longer staged")
+            old = self._metas.get(key)
+            try:
+                if pending.remove:
+                    self._db.execute("DELETE FROM chunks WHERE inode=? AND idx=?", (_i64(key.inode), key.index))
+                else:
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO chunks VALUES (?,?,?,?,?,?,?,?)",
+                        (
+                            _i64(key.inode),
+                            key.index,
+                            pending.update_ver,
+                            cv,
+                            pending.length,
+                            pending.checksum,
+                            pending.block_crcs,
+                            pending.file,
+                        ),
+                    )
+            except sqlite3.Error as e:
+                if "full" in str(e).lower() or "disk" in str(e).lower():
+                    raise _no_space(f"commit chunk {key}: {e}") from None
+                raise FsError(Code.INTERNAL, f"commit chunk {key}: {e}") from None
+            del self._pending[key]
+            new: ChunkMeta | None = None
+            if pending.remove:
+                self._metas.pop(key, None)
+            else:
+                new = ChunkMeta(
+                    key, pending.update_ver, cv, pending.length, pending.checksum, pending.block_crcs,
+                    pending.file, pending.update_ver,
+                )
+                self._metas[key] = new
+            self._used += (new.length if new else 0) - (old.length if old else 0)
+        if old is not None and old.file and (new is None or new.file != old.file):
+            self._unlink(old.file)  # open readers keep their descriptor; an orphan is swept at start
+        return new
+
+    def abort(self, key: ChunkKey) -> None:
+        with self._lock:
+            p = self._pending.pop(key, None)
+        if p is not None and p.owns_file and p.file:
+            self._unlink(p.file)
+
+    def read(self, key: ChunkKey, offset: int, length: int) -> tuple[ChunkMeta, bytes]:
+        if offset < 0 or length < 0:
+            raise invalid("negative offset or length")
+        meta = self.get(key)
+        if meta is None:
+            raise FsError(Code.CHUNK_NOT_FOUND, f"chunk {key} not found")
+        end = min(meta.length, offset + length)
+        if end <= offset:
+            return meta, b""
+        bs = self.block_size
+        start = offset // bs * bs
+        stop = min(meta.length, -(-end // bs) * bs)
+        try:
+            fd = os.open(self._path(meta.file), os.O_RDONLY)
+        except FileNotFoundError:
+            # Superseded between get() and open(): read the newer version.
+            return self.read(key, offset, length) if self.get(key) != meta else self._missing(meta)
+        try:
+            buf = os.pread(fd, stop - start, start)
+        finally:
+            os.close(fd)
+        if len(buf) != stop - start:
+            raise FsError(Code.CHECKSUM_MISMATCH, f"chunk {key}: data file truncated", retryable=False)
+        blocks = _unpack_crcs(meta.block_crcs)
+        mv = memoryview(buf)
+        for i in range(start // bs, -(-stop // bs)):
+            lo = i * bs - start
+            got = crc32c(mv[lo : lo + bs])
+            if i >= len(blocks) or got != blocks[i]:
+                raise FsError(
+                    Code.CHECKSUM_MISMATCH, f"chunk {key}: checksum mismatch in block {i}", retryable=False
+                )
+        if start == offset and stop == end:
+            return meta, buf
+        return meta, bytes(mv[offset - start : end - start])
+
+    @staticmethod
+    def _missing(meta: ChunkMeta) -> tuple[ChunkMeta, bytes]:
+        raise FsError(Code.CHECKSUM_MISMATCH, f"chunk {meta.key}: data file missing", retryable=False)
+
+    def read_pending_full(self, key: ChunkKey) -> bytes:
+        p = self.pending(key)
+        if p is None or p.remove:
+            raise FsError(Code.INTERNAL, f"chunk {key}: no staged content")
+        data = self._read_file(p.file, 0, p.length)
+        if len(data) != p.length or crc32c(data) != p.checksum:
+            raise FsError(Code.CHECKSUM_MISMATCH, f"chunk {key}: staged content does not match its checksum")
+        return data
+
+    def install(self, meta: ChunkMeta, data: bytes | bytearray | memoryview) -> ChunkMeta:
+        """Install ``data`` as the committed version ``meta.commit_ver`` (resync, repair)."""
+        p = self.stage_write(
+            meta.key, 0, data, update_ver=meta.commit_ver, chain_ver=meta.chain_ver,
+            chunk_size=max(len(data), 1), replace_all=True,
+        )
+        out = self.commit(p)
+        assert out is not None
+        return out
+
+    def space(self) -> SpaceStats:
+        st = os.statvfs(self.root)
+        with self._lock:
+            used, count = self._used, len(self._metas)
+        return SpaceStats(st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize, used, count)
+
+    def close(self) -> None:
+        with self._lock:
+            pend = list(self._pending)
+        for k in pend:
+            self.abort(k)
+        self._db.close()
+
+
+def _i64(v: int) -> int:
+    """SQLite integers are signed 64-bit; store u64 inode ids two's-complement."""
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _u64(v: int) -> int:
+    return v + (1 << 64) if v < 0 else v
+
+
+__all__ = [
+    "ChunkEngine",
+    "ChunkKey",
+    "ChunkMeta",
+    "FileChunkEngine",
+    "PendingUpdate",
+    "SpaceStats",
+    "crc32c",
+    "MAX_CHUNK_SIZE",
+]

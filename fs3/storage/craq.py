@@ -1,0 +1,439 @@
+"""CRAQ write path: head serialisation, forwarding, commit on the way back.
+
+Every target on a chain runs the same steps for an update (reference §4.2):
+check the chain version and the target's role, take the chunk lock, verify the
+payload checksum, stage the new version in the chunk engine (copy-on-write:
+readers keep the committed copy), forward it to the successor and wait, compare
+the successor's resulting chunk checksum with ours, then commit locally. So the
+commit wave travels tail → head and a client is acknowledged only after the head
+committed, i.e. after every replica on the write path has the new version.
+
+The head assigns ``update_ver = commit_ver + 1``; successors take the head's
+number (``≤ commit_ver`` → already applied, answered from the chunk's meta;
+``> commit_ver + 1`` → MISSING_UPDATE). A SYNCING successor receives full-chunk
+replacements (§4.7). A staged update the head could not finish (successor down
+past the retry deadline) stays pending and is *re-driven* as a full-chunk
+replace before the chunk's next update, so versions never fork.
+
+Forwarding retries with backoff (100 ms → 1 s) while re-reading routing: after
+mgmtd moves a dead successor to the end of the chain, the next attempt goes to
+the new successor, or commits locally if there is none (§4.4).
+
+Exactly-once: :class:`UpdateChannels` caches, per (client, chain, channel), the
+last seqnum and its result, so a retried request is answered without touching
+the disk (§4.5). It lives in memory, like 3FS's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from fs3.client.routing import SERVING, SYNCING
+from fs3.config import StorageSection
+from fs3.errors import Code, FsError, invalid
+from fs3.proto import storage_pb2, storage_pb2_grpc, transport_pb2
+from fs3.rpc.channel import ChannelPool, call
+from fs3.storage import metrics as M
+from fs3.storage.chunk_engine import MAX_CHUNK_SIZE, ChunkKey, ChunkMeta, PendingUpdate, crc32c
+from fs3.storage.target import L_OFFLINE, StorageTarget, TargetMap
+
+log = logging.getLogger("fs3.storage.craq")
+
+T = TypeVar("T")
+
+WRITE = storage_pb2.UPDATE_WRITE
+TRUNCATE = storage_pb2.UPDATE_TRUNCATE
+EXTEND = storage_pb2.UPDATE_EXTEND
+REMOVE = storage_pb2.UPDATE_REMOVE
+_TYPES = {WRITE: "write", TRUNCATE: "truncate", EXTEND: "extend", REMOVE: "remove"}
+
+
+class PayloadIO(Protocol):
+    """The server half of the bulk transport (``fs3.transport`` provides the real one)."""
+
+    async def fetch(self, ref: transport_pb2.DataRef) -> bytes | bytearray | memoryview: ...
+
+    async def deliver_bytes(self, ref: transport_pb2.DataRef, data: bytes | bytearray | memoryview) -> object: ...
+
+
+class InlinePayloadIO:
+    """Payloads inside the RPC only (the ``grpc`` transport)."""
+
+    async def fetch(self, ref: transport_pb2.DataRef) -> bytes | bytearray | memoryview:
+        kind = ref.WhichOneof("kind") or "inline"
+        if kind != "inline":
+            raise FsError(Code.TRANSPORT, f"{kind} transport not available on this node", retryable=False)
+        return ref.inline
+
+    async def deliver_bytes(self, ref: transport_pb2.DataRef, data: bytes | bytearray | memoryview) -> object:
+        raise FsError(Code.TRANSPORT, "only inline reads are available on this node", retryable=False)
+
+
+def is_inline(ref: transport_pb2.DataRef) -> bool:
+    return (ref.WhichOneof("kind") or "inline") == "inline"
+
+
+class Peers:
+    """StorageService stubs of other storage nodes, one channel per address."""
+
+    def __init__(self) -> None:
+        self._pool = ChannelPool()
+        self._stubs: dict[str, storage_pb2_grpc.StorageServiceStub] = {}
+
+    def stub(self, address: str) -> storage_pb2_grpc.StorageServiceStub:
+        s = self._stubs.get(address)
+        if s is None:
+            s = storage_pb2_grpc.StorageServiceStub(self._pool.get(address))
+            self._stubs[address] = s
+        return s
+
+    async def close(self) -> None:
+        self._stubs.clear()
+        await self._pool.close()
+
+
+@dataclass
+class _ChannelEntry:
+    seqnum: int
+    result: storage_pb2.IOResult | None
+    running: asyncio.Future[storage_pb2.IOResult] | None
+
+
+class UpdateChannels:
+    """Exactly-once filter for client updates (3FS ReliableUpdate), bounded LRU."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self._entries: OrderedDict[tuple[str, int, int], _ChannelEntry] = OrderedDict()
+        self._capacity = capacity
+        self.hits = 0
+
+    async def run(
+        self, tag: storage_pb2.UpdateTag, chain_id: int, fn: Callable[[], Awaitable[storage_pb2.IOResult]]
+    ) -> storage_pb2.IOResult:
+        if not tag.client_id or not tag.channel_id:
+            return await fn()
+        key = (tag.client_id, chain_id, tag.channel_id)
+        while True:
+            e = self._entries.get(key)
+            if e is not None and tag.seqnum < e.seqnum:
+                raise FsError(
+                    Code.STALE_UPDATE, f"update seq {tag.seqnum} on channel {tag.channel_id} is older than {e.seqnum}",
+                    retryable=False,
+                )
+            if e is not None and tag.seqnum == e.seqnum:
+                if e.result is not None:
+                    self.hits += 1
+                    out = storage_pb2.IOResult()
+                    out.CopyFrom(e.result)
+                    return out
+                if e.running is not None:
+                    try:
+                        await asyncio.shield(e.running)
+                    except Exception:
+                        pass
+                    continue  # finished (cached) or failed (re-run below)
+            break
+        fut: asyncio.Future[storage_pb2.IOResult] = asyncio.get_running_loop().create_future()
+        entry = _ChannelEntry(tag.seqnum, None, fut)
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
+        while len(self._entries) > self._capacity:
+            self._entries.popitem(last=False)
+        try:
+            res = await fn()
+        except BaseException as exc:
+            entry.running = None
+            if not fut.done():
+                fut.set_exception(exc if isinstance(exc, Exception) else FsError(Code.CANCELLED, "cancelled"))
+                fut.exception()  # mark retrieved
+            raise
+        entry.result, entry.running = res, None
+        if not fut.done():
+            fut.set_result(res)
+        return res
+
+
+def io_result(meta: ChunkMeta | None, *, written: int | None = None, update_ver: int = 0) -> storage_pb2.IOResult:
+    if meta is None:
+        return storage_pb2.IOResult(length=written or 0, commit_ver=update_ver, update_ver=update_ver)
+    return storage_pb2.IOResult(
+        length=meta.length if written is None else written,
+        commit_ver=meta.commit_ver,
+        update_ver=meta.commit_ver,
+        checksum=meta.checksum,
+        commit_chain_ver=meta.chain_ver,
+        chunk_length=meta.length,
+    )
+
+
+class Replicator:
+    """Runs updates on this node's targets and forwards them down the chain.
+
+    Args:
+        targets: the node's targets and its current routing view.
+        cfg: the ``[storage]`` section (forwarding timeouts).
+        payload: fetches client payloads (transport server side).
+        peers: stubs of other storage nodes.
+        executor: thread pool for blocking engine calls.
+        refresh_routing: ask the node to fetch routing now (stale version seen).
+    """
+
+    def __init__(
+        self,
+        targets: TargetMap,
+        cfg: StorageSection,
+        payload: PayloadIO,
+        peers: Peers,
+        executor: ThreadPoolExecutor,
+        refresh_routing: Callable[[], None],
+    ) -> None:
+        self.targets = targets
+        self.cfg = cfg
+        self.payload = payload
+        self.peers = peers
+        self.executor = executor
+        self.refresh_routing = refresh_routing
+        self.channels = UpdateChannels()
+
+    async def run_blocking(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, lambda: fn(*args, **kw))
+
+    # ------------------------------------------------------------------ checks
+
+    def check_version(self, t: StorageTarget, chain_version: int) -> None:
+        if chain_version != t.chain_version:
+            self.refresh_routing()
+            raise FsError(
+                Code.CHAIN_VERSION_MISMATCH,
+                f"chain {t.chain_id}: request version {chain_version}, target {t.target_id} has {t.chain_version}",
+            )
+
+    def check_head(self, t: StorageTarget) -> None:
+        if not t.serving or t.public_state != SERVING:
+            raise FsError(Code.TARGET_NOT_SERVING, f"target {t.target_id} is not serving (chain {t.chain_id})")
+        head = self.targets.routing.head(t.chain_id)
+        if head != t.target_id:
+            raise FsError(Code.NOT_HEAD, f"target {t.target_id} is not the head of chain {t.chain_id} (head {head})")
+
+    @staticmethod
+    def validate(io: storage_pb2.UpdateIO) -> ChunkKey:
+        if not io.HasField("chunk"):
+            raise invalid("update without a chunk id")
+        if io.type not in _TYPES:
+            raise invalid(f"unknown update type {io.type}")
+        if io.type != REMOVE:
+            if not 0 < io.chunk_size <= MAX_CHUNK_SIZE:
+                raise invalid(f"chunk size {io.chunk_size} out of range (1..{MAX_CHUNK_SIZE})")
+            end = io.offset + io.length if io.type == WRITE else io.length
+            if end > io.chunk_size:
+                raise invalid(f"range end {end} exceeds chunk size {io.chunk_size}")
+        return ChunkKey(io.chunk.inode, io.chunk.index)
+
+    async def fetch_payload(self, io: storage_pb2.UpdateIO) -> bytes | bytearray | memoryview:
+        if io.type != WRITE:
+            return b""
+        data = await self.payload.fetch(io.data)
+        if len(data) != io.length:
+            raise invalid(f"payload has {len(data)} bytes, request says {io.length}")
+        got = crc32c(data)
+        if got != io.checksum:
+            M.CHECKSUM_ERRORS.labels(str(io.chain_id), "payload").inc()
+            raise FsError(
+                Code.CHECKSUM_MISMATCH, f"payload checksum {got:#010x} != {io.checksum:#010x}", retryable=False
+            )
+        return data
+
+    # ------------------------------------------------------------------ entry points
+
+    async def client_update(
+        self, io: storage_pb2.UpdateIO, tag: storage_pb2.UpdateTag, target_id: int = 0
+    ) -> storage_pb2.IOResult:
+        """An update from a client: this node must hold the chain's head."""
+        key = self.validate(io)
+        t = self.targets.resolve(io.chain_id, target_id)
+        self.check_version(t, io.chain_version)
+        self.check_head(t)
+        data = await self.fetch_payload(io)
+        op = _TYPES[io.type]
+        started = time.perf_counter()
+        try:
+            res = await self.channels.run(tag, io.chain_id, lambda: self._head_update(t, key, io, tag, data))
+        except FsError as e:
+            M.OPS.labels(str(t.target_id), op, e.code.name).inc()
+            raise
+        M.OPS.labels(str(t.target_id), op, "ok").inc()
+        M.BYTES.labels(str(t.target_id), op).inc(len(data))
+        M.LATENCY.labels(op).observe(time.perf_counter() - started)
+        return res
+
+    async def _head_update(
+        self, t: StorageTarget, key: ChunkKey, io: storage_pb2.UpdateIO, tag: storage_pb2.UpdateTag,
+        data: bytes | bytearray | memoryview,
+    ) -> storage_pb2.IOResult:
+        tag_t = (tag.client_id, tag.channel_id, tag.seqnum) if tag.channel_id else None
+        eng = t.engine
+        async with t.locks.hold(key):
+            self.check_version(t, io.chain_version)
+            self.check_head(t)
+            left = eng.pending(key)
+            if left is not None:
+                # An update this head staged earlier but could not finish: finish it
+                # first (same version, full-chunk replace) so replicas never fork.
+                res = await self.forward_and_commit(t, left, None, b"", redrive=True)
+                if tag_t is not None and left.tag == tag_t:
+                    return res
+            meta = eng.get(key)
+            if meta is None and io.type in (TRUNCATE, EXTEND) and io.length == 0:
+                return storage_pb2.IOResult()
+            if meta is None and io.type == WRITE:
+                self._check_low_space(t)
+            uv = (meta.commit_ver if meta else 0) + 1
+            p = await self.stage(t, key, io, data, uv, t.chain_version)
+            p.tag = tag_t
+            res = await self.forward_and_commit(t, p, io, data)
+            if io.type == WRITE:
+                res.length = io.length
+            return res
+
+    def _check_low_space(self, t: StorageTarget) -> None:
+        sp = t.engine.space()
+        if sp.capacity_bytes and (1 - sp.free_bytes / sp.capacity_bytes) >= self.cfg.low_space_ratio:
+            raise FsError(Code.NO_SPACE, f"target {t.target_id} is full: refusing new chunks", retryable=False)
+
+    async def successor_update(self, req: storage_pb2.UpdateRequest) -> storage_pb2.IOResult:
+        """An update forwarded by our predecessor (or a resync transfer)."""
+        io = req.io
+        key = self.validate(io)
+        t = self.targets.resolve(io.chain_id, req.to_target_id)
+        self.check_version(t, io.chain_version)
+        if t.fenced or t.local_state == L_OFFLINE or t.public_state not in (SERVING, SYNCING):
+            raise FsError(Code.TARGET_NOT_SERVING, f"target {t.target_id} does not take updates now")
+        if t.public_state == SYNCING and not req.is_syncing and io.type != REMOVE:
+            raise FsError(Code.TARGET_NOT_SERVING, f"target {t.target_id} is syncing: only full-chunk updates")
+        data = await self.fetch_payload(io)
+        eng = t.engine
+        async with t.locks.hold(key):
+            self.check_version(t, io.chain_version)
+            meta = eng.get(key)
+            cv = meta.commit_ver if meta else 0
+            full = req.is_syncing or io.full_chunk
+            if io.type != REMOVE and not full:
+                if io.update_ver <= cv:
+                    assert meta is not None
+                    return io_result(meta)  # already applied (a retry)
+                if io.update_ver > cv + 1:
+                    raise FsError(
+                        Code.MISSING_UPDATE,
+                        f"chunk {key} on target {t.target_id}: update {io.update_ver} after committed {cv}",
+                    )
+            p = await self.stage(t, key, io, data, io.update_ver, io.chain_version, replace_all=full)
+            if req.is_syncing:
+                # A syncing receiver installs the predecessor's version as committed.
+                new = await self.run_blocking(eng.commit, p, io.chain_version)
+                M.BYTES.labels(str(t.target_id), "sync").inc(len(data))
+                return io_result(new, update_ver=p.update_ver)
+            return await self.forward_and_commit(t, p, io, data, redrive=io.full_chunk)
+
+    # ------------------------------------------------------------------ steps
+
+    async def stage(
+        self, t: StorageTarget, key: ChunkKey, io: storage_pb2.UpdateIO, data: bytes | bytearray | memoryview,
+        update_ver: int, chain_ver: int, *, replace_all: bool = False,
+    ) -> PendingUpdate:
+        eng = t.engine
+        if io.type == WRITE:
+            return await self.run_blocking(
+                eng.stage_write, key, io.offset, data, update_ver=update_ver, chain_ver=chain_ver,
+                chunk_size=io.chunk_size, replace_all=replace_all,
+            )
+        if io.type in (TRUNCATE, EXTEND):
+            return await self.run_blocking(
+                eng.stage_truncate, key, io.length, update_ver=update_ver, chain_ver=chain_ver,
+                chunk_size=io.chunk_size, only_extend=io.type == EXTEND,
+            )
+        return await self.run_blocking(eng.stage_remove, key, update_ver=update_ver, chain_ver=chain_ver)
+
+    async def forward_and_commit(
+        self, t: StorageTarget, p: PendingUpdate, io: storage_pb2.UpdateIO | None,
+        data: bytes | bytearray | memoryview, *, redrive: bool = False,
+    ) -> storage_pb2.IOResult:
+        """Forward ``p`` to the successor (retrying across chain changes), then commit it."""
+        deadline = time.monotonic() + self.cfg.forward_retry_s
+        delay = 0.1
+        while True:
+            routing = self.targets.routing
+            if t.public_state not in (SERVING, SYNCING) or t.fenced:
+                raise FsError(Code.TARGET_NOT_SERVING, f"target {t.target_id} left the write path of chain {t.chain_id}")
+            try:
+                succ = routing.successor(t.chain_id, t.target_id)
+            except FsError as e:
+                raise FsError(Code.TARGET_NOT_SERVING, e.message) from None
+            if succ is None:
+                break
+            try:
+                res = await self._send(t, succ, p, io, data, full=redrive or io is None)
+            except FsError as e:
+                if not e.retryable or time.monotonic() + delay > deadline:
+                    raise
+                M.FORWARD_RETRIES.labels(str(t.target_id)).inc()
+                log.info(
+                    "forward chunk %s of chain %d to target %d failed (%s); retrying",
+                    p.key, t.chain_id, succ, e,
+                )
+                self.refresh_routing()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            if not p.remove and res.checksum != p.checksum:
+                M.CHECKSUM_ERRORS.labels(str(t.target_id), "replica").inc()
+                raise FsError(
+                    Code.CHECKSUM_MISMATCH,
+                    f"chunk {p.key}: successor {succ} has checksum {res.checksum:#010x}, we have {p.checksum:#010x}",
+                    retryable=False,
+                )
+            break
+        meta = await self.run_blocking(t.engine.commit, p, t.chain_version)
+        return io_result(meta, update_ver=p.update_ver)
+
+    async def _send(
+        self, t: StorageTarget, succ: int, p: PendingUpdate, io: storage_pb2.UpdateIO | None,
+        data: bytes | bytearray | memoryview, *, full: bool,
+    ) -> storage_pb2.IOResult:
+        routing = self.targets.routing
+        node = routing.node_of_target(succ)
+        syncing = routing.target_state(t.chain_id, succ) == SYNCING
+        fio = storage_pb2.UpdateIO(
+            chain_id=t.chain_id, chain_version=t.chain_version, update_ver=p.update_ver,
+        )
+        fio.chunk.inode, fio.chunk.index = p.key.inode, p.key.index
+        if p.remove:
+            fio.type = REMOVE
+        elif syncing or full or io is None:
+            content = await self.run_blocking(t.engine.read_pending_full, p.key)
+            fio.type = WRITE
+            fio.offset, fio.length = 0, len(content)
+            fio.chunk_size = max(io.chunk_size if io is not None else 0, len(content), 1)
+            fio.checksum = crc32c(content)
+            fio.data.inline = bytes(content)
+            fio.full_chunk = True
+        else:
+            fio.type, fio.offset, fio.length, fio.chunk_size = io.type, io.offset, io.length, io.chunk_size
+            fio.checksum = io.checksum
+            if io.type == WRITE:
+                fio.data.inline = bytes(data)
+        req = storage_pb2.UpdateRequest(
+            io=fio, is_syncing=syncing, from_target_id=t.target_id, to_target_id=succ,
+        )
+        resp = await call(
+            self.peers.stub(node.address).Update, req, timeout=self.cfg.forward_timeout_s,
+            what=f"Update@target{succ}",
+        )
+        return resp.result

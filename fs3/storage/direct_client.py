@@ -1,0 +1,257 @@
+"""A minimal chunk-level client of the storage service (tests, benchmarks, admin).
+
+It speaks the StorageService RPCs directly: writes go to the chain head,
+reads to a chosen (default: random serving) replica; retryable errors
+(CHAIN_VERSION_MISMATCH, NOT_HEAD, TARGET_NOT_SERVING, unavailable nodes…)
+refresh routing and retry with backoff until ``retry_deadline_s``. Each update
+carries an exactly-once tag (client id, channel, seqnum) kept across retries.
+The full file-level client lives in ``fs3.client``; this one deliberately has
+no file or layout logic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from fs3.client.routing import Routing
+from fs3.errors import Code, FsError
+from fs3.proto import mgmtd_pb2, storage_pb2, storage_pb2_grpc
+from fs3.rpc.channel import ChannelPool, call
+from fs3.storage.chunk_engine import crc32c
+from fs3.transport import ClientTransport, client_transport, is_inline
+
+T = TypeVar("T")
+
+
+class RoutingSource:
+    """Anything with ``async get_routing(known_version)`` (a ``MgmtdClient``)."""
+
+    async def get_routing(self, known_version: int = 0) -> mgmtd_pb2.RoutingInfo | None:  # pragma: no cover
+        raise NotImplementedError
+
+
+class DirectStorageClient:
+    """Chunk reads/writes against a chain, following routing changes.
+
+    Args:
+        mgmtd: routing source (``MgmtdClient``).
+        transport: ``grpc`` | ``tcp`` | ``shm`` or a ``ClientTransport``.
+        retry_deadline_s: keep retrying retryable failures this long.
+        rpc_timeout_s: deadline of one RPC.
+    """
+
+    def __init__(
+        self,
+        mgmtd: Any,
+        transport: str | ClientTransport = "grpc",
+        *,
+        retry_deadline_s: float = 30.0,
+        rpc_timeout_s: float = 10.0,
+        client_id: str = "",
+    ) -> None:
+        self.mgmtd = mgmtd
+        self.client_id = client_id or f"direct-{uuid.uuid4().hex[:12]}"
+        self.transport = client_transport(transport, self.client_id) if isinstance(transport, str) else transport
+        self.retry_deadline_s = retry_deadline_s
+        self.rpc_timeout_s = rpc_timeout_s
+        self.routing = Routing.empty()
+        self._pool = ChannelPool()
+        self._stubs: dict[str, storage_pb2_grpc.StorageServiceStub] = {}
+        self._seq = itertools.count(1)
+        self._channels = itertools.cycle(range(1, 65536))
+        self._rng = random.Random(0)
+        self.retries = 0
+
+    async def close(self) -> None:
+        await self.transport.close()
+        await self._pool.close()
+
+    async def refresh(self) -> Routing:
+        info = await self.mgmtd.get_routing(0)
+        if info is not None and info.version >= self.routing.version:
+            self.routing = Routing(info)
+        return self.routing
+
+    def stub(self, address: str) -> storage_pb2_grpc.StorageServiceStub:
+        s = self._stubs.get(address)
+        if s is None:
+            s = self._stubs[address] = storage_pb2_grpc.StorageServiceStub(self._pool.get(address))
+        return s
+
+    async def _retry(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        deadline = time.monotonic() + self.retry_deadline_s
+        delay = 0.02
+        if self.routing.version == 0:
+            await self.refresh()
+        while True:
+            try:
+                return await fn()
+            except FsError as e:
+                if not e.retryable and e.code not in (Code.UNKNOWN_CHAIN, Code.UNKNOWN_TARGET):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise
+                self.retries += 1
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+                try:
+                    await self.refresh()
+                except FsError:
+                    pass
+
+    # ------------------------------------------------------------------ updates
+
+    async def update(
+        self,
+        chain_id: int,
+        inode: int,
+        index: int,
+        *,
+        type: int = storage_pb2.UPDATE_WRITE,
+        offset: int = 0,
+        data: bytes | bytearray | memoryview = b"",
+        length: int | None = None,
+        chunk_size: int = 1 << 20,
+    ) -> storage_pb2.IOResult:
+        """One replicated chunk update through the chain head (exactly once across retries)."""
+        mv = memoryview(data)
+        tag = storage_pb2.UpdateTag(
+            client_id=self.client_id, request_id=next(self._seq), channel_id=next(self._channels),
+            seqnum=next(self._seq),
+        )
+        checksum = crc32c(mv) if type == storage_pb2.UPDATE_WRITE else 0
+
+        async def attempt() -> storage_pb2.IOResult:
+            r = self.routing
+            head = r.head(chain_id)
+            if head is None:
+                raise FsError(Code.TARGET_NOT_SERVING, f"chain {chain_id} has no serving target")
+            node = r.node_of_target(head)
+            io = storage_pb2.UpdateIO(
+                chain_id=chain_id, chain_version=r.chain_version(chain_id), type=type,  # type: ignore[arg-type]
+                offset=offset,
+                length=len(mv) if length is None else length, chunk_size=chunk_size, checksum=checksum,
+            )
+            io.chunk.inode, io.chunk.index = inode, index
+            sent: Any = None
+            if type == storage_pb2.UPDATE_WRITE:
+                ref, sent = await self.transport.write_ref(node.address, node.data_address, mv)
+                io.data.CopyFrom(ref)
+            resp = await call(
+                self.stub(node.address).Write, storage_pb2.WriteRequest(io=io, tag=tag, target_id=head),
+                timeout=self.rpc_timeout_s, what=f"Write@{node.address}",
+            )
+            if sent is not None:
+                await sent
+            return resp.result
+
+        return await self._retry("write", attempt)
+
+    async def write(self, chain_id: int, inode: int, index: int, offset: int, data: bytes | bytearray | memoryview,
+                    chunk_size: int = 1 << 20) -> storage_pb2.IOResult:
+        return await self.update(chain_id, inode, index, offset=offset, data=data, chunk_size=chunk_size)
+
+    # ------------------------------------------------------------------ reads
+
+    async def read(
+        self, chain_id: int, inode: int, index: int, offset: int, length: int, *, target_id: int = 0,
+        into: memoryview | None = None,
+    ) -> tuple[bytes | memoryview, storage_pb2.ReadResult]:
+        """Read committed bytes from ``target_id`` (0: a random serving replica).
+
+        Returns (bytes, result); the result's error is raised as FsError.
+        """
+        dest = into if into is not None else memoryview(bytearray(length))
+
+        async def attempt() -> tuple[bytes | memoryview, storage_pb2.ReadResult]:
+            r = self.routing
+            tid = target_id
+            if not tid:
+                serving = r.serving_targets(chain_id)
+                if not serving:
+                    raise FsError(Code.TARGET_NOT_SERVING, f"chain {chain_id} has no serving target")
+                tid = self._rng.choice(serving)
+            node = r.node_of_target(tid)
+            ref, complete = await self.transport.read_ref(node.address, node.data_address, dest[:length])
+            rio = storage_pb2.ReadIO(
+                chain_id=chain_id, chain_version=r.chain_version(chain_id), offset=offset, length=length,
+                target_id=tid,
+            )
+            rio.chunk.inode, rio.chunk.index = inode, index
+            rio.dest.CopyFrom(ref)
+            resp = await call(
+                self.stub(node.address).BatchRead, storage_pb2.BatchReadRequest(ios=[rio], client_id=self.client_id),
+                timeout=self.rpc_timeout_s, what=f"BatchRead@{node.address}",
+            )
+            res = resp.results[0]
+            if res.error.code:
+                raise FsError(res.error.code, res.error.message, retryable=res.error.retryable)
+            if is_inline(ref):
+                return res.data, res
+            await complete(res.length)
+            return dest[: res.length], res
+
+        return await self._retry("read", attempt)
+
+    # ------------------------------------------------------------------ admin
+
+    async def list_chunks(self, target_id: int) -> list[storage_pb2.ChunkMeta]:
+        if self.routing.version == 0:
+            await self.refresh()
+        node = self.routing.node_of_target(target_id)
+        resp = await call(
+            self.stub(node.address).ListChunks, storage_pb2.ListChunksRequest(target_id=target_id),
+            timeout=self.rpc_timeout_s,
+        )
+        return list(resp.metas)
+
+    async def query_last_chunk(self, chain_id: int, inode: int) -> storage_pb2.QueryLastChunkResult:
+        async def attempt() -> storage_pb2.QueryLastChunkResult:
+            r = self.routing
+            serving = r.serving_targets(chain_id)
+            if not serving:
+                raise FsError(Code.TARGET_NOT_SERVING, f"chain {chain_id} has no serving target")
+            node = r.node_of_target(serving[0])
+            op = storage_pb2.QueryLastChunkOp(chain_id=chain_id, chain_version=r.chain_version(chain_id))
+            op.range.inode = inode
+            resp = await call(
+                self.stub(node.address).QueryLastChunk, storage_pb2.QueryLastChunkRequest(ops=[op]),
+                timeout=self.rpc_timeout_s,
+            )
+            res = resp.results[0]
+            if res.error.code:
+                raise FsError(res.error.code, res.error.message, retryable=res.error.retryable)
+            return res
+
+        return await self._retry("query", attempt)
+
+    async def remove_chunks(self, chain_id: int, inode: int, begin: int = 0, end: int = 0) -> int:
+        total = 0
+        while True:
+            async def attempt() -> storage_pb2.RemoveChunksResult:
+                r = self.routing
+                head = r.head(chain_id)
+                if head is None:
+                    raise FsError(Code.TARGET_NOT_SERVING, f"chain {chain_id} has no serving target")
+                node = r.node_of_target(head)
+                op = storage_pb2.RemoveChunksOp(chain_id=chain_id, chain_version=r.chain_version(chain_id))
+                op.range.inode, op.range.begin, op.range.end = inode, begin, end
+                resp = await call(
+                    self.stub(node.address).RemoveChunks, storage_pb2.RemoveChunksRequest(ops=[op]),
+                    timeout=self.rpc_timeout_s,
+                )
+                res = resp.results[0]
+                if res.error.code:
+                    raise FsError(res.error.code, res.error.message, retryable=res.error.retryable)
+                return res
+
+            res = await self._retry("remove", attempt)
+            total += res.removed
+            if not res.more:
+                return total

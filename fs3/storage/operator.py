@@ -1,0 +1,292 @@
+"""Storage operations behind the RPCs (the servicer in service.py only forwards here).
+
+Reads (reference §4.3, new engine): any target that is locally UPTODATE serves
+the *last committed* version of a chunk — staged updates live apart (COW), so a
+reader never sees a half-applied write and never has to ask the tail. Every read
+verifies the per-block CRC32Cs covering the requested range (see
+``chunk_engine``); a mismatch is reported to mgmtd (``ReportTargetError``),
+answered with CHECKSUM_MISMATCH so the client reads another replica, and the
+chunk is repaired in the background from another serving replica of the chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from fs3.client.routing import SERVING, SYNCING
+from fs3.errors import Code, FsError, invalid
+from fs3.logs import event
+from fs3.proto import common_pb2, storage_pb2
+from fs3.rpc.channel import call
+from fs3.storage import metrics as M
+from fs3.storage.chunk_engine import ChunkKey, ChunkMeta, crc32c
+from fs3.storage.craq import EXTEND, REMOVE, TRUNCATE, Replicator, io_result, is_inline
+from fs3.storage.target import L_ONLINE, StorageTarget, TargetMap
+
+log = logging.getLogger("fs3.storage.operator")
+
+MAX_READ_IOS = 1024
+_ALL = 0xFFFFFFFF
+
+
+def error_detail(e: FsError) -> common_pb2.ErrorDetail:
+    return common_pb2.ErrorDetail(code=int(e.code), errno=e.errno, message=e.message, retryable=e.retryable)
+
+
+def chunk_meta_pb(m: ChunkMeta) -> storage_pb2.ChunkMeta:
+    out = storage_pb2.ChunkMeta(
+        commit_ver=m.commit_ver, update_ver=m.update_ver, chain_ver=m.chain_ver, length=m.length,
+        checksum=m.checksum, uncommitted=m.uncommitted,
+    )
+    out.chunk.inode, out.chunk.index = m.key.inode, m.key.index
+    return out
+
+
+class StorageOperator:
+    """Everything the storage RPCs do, for one node.
+
+    Args:
+        node_id: this node's id (for error reports).
+        targets: the node's targets.
+        replicator: the CRAQ write path.
+        report_error: ``await report_error(target_id, kind, detail)`` tells mgmtd.
+        on_local_change: called when a local state changed (heartbeat now).
+    """
+
+    def __init__(
+        self,
+        node_id: int,
+        targets: TargetMap,
+        replicator: Replicator,
+        report_error: Callable[[int, str, str], Awaitable[None]],
+        on_local_change: Callable[[], None],
+    ) -> None:
+        self.node_id = node_id
+        self.targets = targets
+        self.rep = replicator
+        self.report_error = report_error
+        self.on_local_change = on_local_change
+        self._repairs: dict[tuple[int, ChunkKey], asyncio.Task[None]] = {}
+
+    # ------------------------------------------------------------------ writes
+
+    async def write(self, req: storage_pb2.WriteRequest) -> storage_pb2.WriteResponse:
+        res = await self.rep.client_update(req.io, req.tag, req.target_id)
+        return storage_pb2.WriteResponse(result=res)
+
+    async def update(self, req: storage_pb2.UpdateRequest) -> storage_pb2.UpdateResponse:
+        res = await self.rep.successor_update(req)
+        return storage_pb2.UpdateResponse(result=res)
+
+    async def truncate_chunks(self, req: storage_pb2.TruncateChunksRequest) -> storage_pb2.TruncateChunksResponse:
+        out = storage_pb2.TruncateChunksResponse()
+        for op in req.ops:
+            io = storage_pb2.UpdateIO(
+                chain_id=op.chain_id, chain_version=op.chain_version, type=EXTEND if op.only_extend else TRUNCATE,
+                length=op.length, chunk_size=op.chunk_size,
+            )
+            io.chunk.CopyFrom(op.chunk)
+            r = out.results.add()
+            try:
+                r.result.CopyFrom(await self.rep.client_update(io, op.tag))
+            except FsError as e:
+                r.error.CopyFrom(error_detail(e))
+        return out
+
+    async def remove_chunks(self, req: storage_pb2.RemoveChunksRequest) -> storage_pb2.RemoveChunksResponse:
+        out = storage_pb2.RemoveChunksResponse()
+        for op in req.ops:
+            r = out.results.add()
+            try:
+                r.removed, r.more = await self._remove_range(op)
+            except FsError as e:
+                r.error.CopyFrom(error_detail(e))
+        return out
+
+    async def _remove_range(self, op: storage_pb2.RemoveChunksOp) -> tuple[int, bool]:
+        t = self.targets.by_chain(op.chain_id)
+        self.rep.check_version(t, op.chain_version)
+        self.rep.check_head(t)
+        rg = op.range
+        end = rg.end or _ALL
+        limit = rg.max_chunks or 32
+        metas = t.engine.list(rg.inode, rg.begin, end)
+        removed = 0
+        for m in metas[:limit]:
+            io = storage_pb2.UpdateIO(chain_id=op.chain_id, chain_version=op.chain_version, type=REMOVE)
+            io.chunk.inode, io.chunk.index = m.key.inode, m.key.index
+            await self.rep.client_update(io, storage_pb2.UpdateTag())
+            removed += 1
+        return removed, len(metas) > limit
+
+    # ------------------------------------------------------------------ reads
+
+    async def batch_read(self, req: storage_pb2.BatchReadRequest) -> storage_pb2.BatchReadResponse:
+        if len(req.ios) > MAX_READ_IOS:
+            raise invalid(f"batch of {len(req.ios)} reads exceeds {MAX_READ_IOS}")
+        results = await asyncio.gather(*(self._read_one(io) for io in req.ios))
+        return storage_pb2.BatchReadResponse(results=results)
+
+    async def _read_one(self, io: storage_pb2.ReadIO) -> storage_pb2.ReadResult:
+        started = time.perf_counter()
+        t: StorageTarget | None = None
+        try:
+            if not io.HasField("chunk"):
+                raise invalid("read without a chunk id")
+            t = self.targets.resolve(io.chain_id, io.target_id)
+            self.rep.check_version(t, io.chain_version)
+            if not t.serving:
+                raise FsError(Code.TARGET_NOT_SERVING, f"target {t.target_id} is not serving reads")
+            key = ChunkKey(io.chunk.inode, io.chunk.index)
+            try:
+                meta, data = await self.rep.run_blocking(t.engine.read, key, io.offset, io.length)
+            except FsError as e:
+                if e.code == Code.CHECKSUM_MISMATCH:
+                    self._on_corruption(t, key, e.message)
+                raise
+            res = storage_pb2.ReadResult(
+                length=len(data), commit_ver=meta.commit_ver, checksum=crc32c(data),
+                chunk_length=meta.length, chunk_checksum=meta.checksum,
+            )
+            if is_inline(io.dest):
+                res.data = bytes(data)
+            else:
+                await self.rep.payload.deliver_bytes(io.dest, data)
+            M.OPS.labels(str(t.target_id), "read", "ok").inc()
+            M.BYTES.labels(str(t.target_id), "read").inc(len(data))
+            M.LATENCY.labels("read").observe(time.perf_counter() - started)
+            return res
+        except FsError as e:
+            M.OPS.labels(str(t.target_id if t else 0), "read", e.code.name).inc()
+            return storage_pb2.ReadResult(error=error_detail(e))
+
+    # ------------------------------------------------------------------ corruption
+
+    def _on_corruption(self, t: StorageTarget, key: ChunkKey, detail: str) -> None:
+        t.error_count += 1
+        M.CHECKSUM_ERRORS.labels(str(t.target_id), "read").inc()
+        event(log, "checksum mismatch", level=logging.WARNING, target=t.target_id, chunk=str(key), detail=detail)
+        if (t.target_id, key) in self._repairs:
+            return
+        task = asyncio.create_task(self._repair(t, key, detail))
+        self._repairs[(t.target_id, key)] = task
+        task.add_done_callback(lambda _f: self._repairs.pop((t.target_id, key), None))
+
+    async def _repair(self, t: StorageTarget, key: ChunkKey, detail: str) -> None:
+        try:
+            await self.report_error(t.target_id, "checksum", f"chunk {key}: {detail}")
+        except FsError as e:
+            log.warning("cannot report checksum error of target %d: %s", t.target_id, e)
+        for attempt in range(20):
+            try:
+                if await self._repair_once(t, key):
+                    event(log, "chunk repaired", target=t.target_id, chunk=str(key))
+                    return
+            except FsError as e:
+                log.info("repair of chunk %s on target %d failed: %s", key, t.target_id, e)
+            await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
+        log.error("giving up repairing chunk %s on target %d", key, t.target_id)
+
+    async def _repair_once(self, t: StorageTarget, key: ChunkKey) -> bool:
+        """Fetch the committed chunk from another serving replica and install it."""
+        routing = self.targets.routing
+        others = [x for x in routing.serving_targets(t.chain_id) if x != t.target_id]
+        if not others:
+            return False
+        for other in others:
+            node = routing.node_of_target(other)
+            rio = storage_pb2.ReadIO(
+                chain_id=t.chain_id, chain_version=t.chain_version, offset=0, length=_ALL, target_id=other,
+            )
+            rio.chunk.inode, rio.chunk.index = key.inode, key.index
+            rio.dest.inline = b""
+            resp = await call(
+                self.rep.peers.stub(node.address).BatchRead, storage_pb2.BatchReadRequest(ios=[rio]),
+                timeout=self.rep.cfg.forward_timeout_s, what=f"BatchRead@target{other}",
+            )
+            r = resp.results[0]
+            if r.error.code:
+                continue
+            async with t.locks.hold(key):
+                cur = t.engine.get(key)
+                if cur is None or cur.commit_ver != r.commit_ver:
+                    return True  # changed meanwhile: the newer write replaced the bad copy
+                if crc32c(r.data) != r.chunk_checksum:
+                    continue
+                meta = ChunkMeta(key, r.commit_ver, cur.chain_ver, len(r.data), r.chunk_checksum)
+                await self.rep.run_blocking(t.engine.install, meta, r.data)
+            return True
+        return False
+
+    # ------------------------------------------------------------------ queries
+
+    async def query_last_chunk(self, req: storage_pb2.QueryLastChunkRequest) -> storage_pb2.QueryLastChunkResponse:
+        out = storage_pb2.QueryLastChunkResponse()
+        for op in req.ops:
+            r = out.results.add()
+            try:
+                t = self.targets.by_chain(op.chain_id)
+                self.rep.check_version(t, op.chain_version)
+                if not t.serving:
+                    raise FsError(Code.TARGET_NOT_SERVING, f"target {t.target_id} is not serving")
+                metas = t.engine.list(op.range.inode, op.range.begin, op.range.end or _ALL)
+                if metas:
+                    last = metas[-1]
+                    r.found, r.last_index, r.last_length = True, last.key.index, last.length
+                    r.total_length = sum(m.length for m in metas)
+                    r.total_chunks = len(metas)
+            except FsError as e:
+                r.error.CopyFrom(error_detail(e))
+        return out
+
+    async def list_chunks(self, req: storage_pb2.ListChunksRequest) -> storage_pb2.ListChunksResponse:
+        if req.target_id:
+            t = self.targets.by_id(req.target_id)
+        elif req.chain_id:
+            t = self.targets.by_chain(req.chain_id)
+        elif len(self.targets.targets) == 1:
+            t = next(iter(self.targets.targets.values()))
+        else:
+            raise invalid("ListChunks needs target_id or chain_id on a node with several targets")
+        metas = t.engine.list(req.inode or None)
+        return storage_pb2.ListChunksResponse(target_id=t.target_id, metas=[chunk_meta_pb(m) for m in metas])
+
+    async def space_info(self, req: storage_pb2.SpaceInfoRequest) -> storage_pb2.SpaceInfoResponse:
+        out = storage_pb2.SpaceInfoResponse()
+        for t in self.targets.targets.values():
+            sp = t.engine.space()
+            out.targets.add(
+                target_id=t.target_id, path=t.path, capacity_bytes=sp.capacity_bytes, free_bytes=sp.free_bytes,
+                used_bytes=sp.used_bytes, chunk_count=sp.chunk_count, chain_id=t.chain_id,
+                local_state=t.local_state,  # type: ignore[arg-type]
+            )
+        return out
+
+    # ------------------------------------------------------------------ resync receiver
+
+    def _syncing_target(self, chain_id: int, chain_version: int, target_id: int) -> StorageTarget:
+        t = self.targets.resolve(chain_id, target_id)
+        self.rep.check_version(t, chain_version)
+        if t.public_state != SYNCING or t.local_state != L_ONLINE:
+            raise FsError(
+                Code.TARGET_NOT_SERVING, f"target {t.target_id} is not syncing (public {t.public_state}, local {t.local_state})"
+            )
+        return t
+
+    async def sync_start(self, req: storage_pb2.SyncStartRequest) -> storage_pb2.SyncStartResponse:
+        t = self._syncing_target(req.chain_id, req.chain_version, req.target_id)
+        metas = t.engine.list()
+        event(log, "sync start", target=t.target_id, chain=t.chain_id, chunks=len(metas), by=req.from_target_id)
+        return storage_pb2.SyncStartResponse(metas=[chunk_meta_pb(m) for m in metas])
+
+    async def sync_done(self, req: storage_pb2.SyncDoneRequest) -> storage_pb2.SyncDoneResponse:
+        t = self._syncing_target(req.chain_id, req.chain_version, req.target_id)
+        if self.targets.sync_done(t):
+            self.on_local_change()
+        return storage_pb2.SyncDoneResponse()
+
+
+__all__ = ["StorageOperator", "io_result", "SERVING"]

@@ -1,0 +1,197 @@
+"""Shared-memory regions and raw buffer addresses.
+
+A :class:`ShmRegion` is a file under ``/dev/shm`` mapped into this process. It
+is the unit the ``shm`` transport registers with storage servers (the local
+stand-in for an RDMA memory registration) and the unit USRBIO uses for its
+Iovs and rings. Both sides map the *same file*, so bytes written by one process
+are visible to the other without any copy through a socket.
+
+:func:`buffer_address` returns the address of any contiguous buffer (also a
+read-only one) so a transport can tell whether a caller's ``memoryview`` lies
+inside a registered region and, if so, at which offset — the check 3FS does
+with ``ptr - iov.base``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import stat
+import uuid
+
+from fs3.errors import Code, FsError, invalid
+
+SHM_DIR = "/dev/shm"
+
+
+class _PyBuffer(ctypes.Structure):
+    """``Py_buffer`` (CPython's buffer-protocol view), enough to read ``buf``."""
+
+    _fields_ = [
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.c_void_p),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("suboffsets", ctypes.c_void_p),
+        ("internal", ctypes.c_void_p),
+    ]
+
+
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_get_buffer.restype = ctypes.c_int
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
+_release_buffer.restype = None
+_PyBUF_SIMPLE = 0
+
+
+def buffer_address(buf: object) -> tuple[int, int]:
+    """``(address, length)`` of a C-contiguous buffer (bytes, bytearray, mmap, memoryview).
+
+    Works for read-only buffers too (``ctypes.c_char.from_buffer`` does not).
+    The address is only meaningful while the underlying object stays alive.
+    """
+    view = _PyBuffer()
+    if _get_buffer(buf, ctypes.byref(view), _PyBUF_SIMPLE) != 0:  # raises on failure
+        raise invalid("object does not expose a contiguous buffer")
+    try:
+        return int(view.buf or 0), int(view.len)
+    finally:
+        _release_buffer(ctypes.byref(view))
+
+
+def _check_shm_path(path: str) -> str:
+    """Resolve ``path`` and refuse anything that is not a regular file in SHM_DIR.
+
+    Why: a server maps files on behalf of clients; it must never be talked into
+    mapping an arbitrary file (a chunk file, /etc/shadow) through a symlink.
+    """
+    real = os.path.realpath(path)
+    if os.path.dirname(real) != SHM_DIR:
+        raise invalid(f"shared-memory path {path!r} is not a file directly under {SHM_DIR}")
+    return real
+
+
+def process_start_time(pid: int) -> str | None:
+    """Start time of ``pid`` (field 22 of /proc/pid/stat), None if it is gone.
+
+    Comparing it with the value seen at registration tells a dead owner from a
+    reused pid.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError:
+        return ""
+    # comm may contain spaces and ')' : split after the last ')'
+    rest = data[data.rfind(b")") + 2 :].split()
+    return rest[19].decode() if len(rest) > 19 else ""
+
+
+class ShmRegion:
+    """A shared-memory file mapped read-write into this process.
+
+    ``create`` makes a new file (this object owns it and unlinks it on close);
+    ``open`` maps a file another process created (it is never unlinked here
+    unless asked). ``buf`` is a writable memoryview over the whole mapping.
+    """
+
+    def __init__(self, path: str, size: int, mm: mmap.mmap, *, owner: bool, region_id: str) -> None:
+        self.path = path
+        self.size = size
+        self.id = region_id
+        self.owner = owner
+        self._mm: mmap.mmap | None = mm
+        self._dead = False
+        self.buf = memoryview(mm) if size else memoryview(bytearray())
+        self.address = buffer_address(self.buf)[0] if size else 0
+
+    @classmethod
+    def create(cls, size: int, prefix: str = "fs3-region", region_id: str = "") -> ShmRegion:
+        """Create ``SHM_DIR/<prefix>-<pid>-<id>`` of ``size`` bytes and map it."""
+        if size <= 0:
+            raise invalid(f"region size must be > 0, got {size}")
+        rid = region_id or uuid.uuid4().hex
+        path = os.path.join(SHM_DIR, f"{prefix}-{os.getpid()}-{rid}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        os.close(fd)
+        return cls(path, size, mm, owner=True, region_id=rid)
+
+    @classmethod
+    def open(cls, path: str, size: int | None = None, region_id: str = "") -> ShmRegion:
+        """Map an existing file under SHM_DIR; ``size`` (if given) must not exceed it."""
+        real = _check_shm_path(path)
+        try:
+            fd = os.open(real, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError as e:
+            raise FsError(Code.INVALID_ARGUMENT, f"cannot open shared memory {path!r}: {e.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise invalid(f"{path!r} is not a regular file")
+            if size is None:
+                size = st.st_size
+            if size <= 0 or size > st.st_size:
+                raise invalid(f"region size {size} does not fit file {path!r} of {st.st_size} bytes")
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        return cls(real, size, mm, owner=False, region_id=region_id or os.path.basename(real))
+
+    @property
+    def closed(self) -> bool:
+        return self._dead
+
+    def contains(self, address: int, length: int) -> bool:
+        return self.address <= address and address + length <= self.address + self.size
+
+    def offset_of(self, view: memoryview) -> int | None:
+        """Offset of ``view`` inside this region, or None if it does not lie inside."""
+        if self._dead:
+            return None
+        addr, n = buffer_address(view)
+        if n == 0 or not self.contains(addr, n):
+            return None
+        return addr - self.address
+
+    def close(self, unlink: bool | None = None) -> bool:
+        """Unmap (and unlink if we own it). False if views are still exported.
+
+        Why it may refuse: an mmap with live memoryviews cannot be closed; the
+        caller retries later (servers keep such regions in a graveyard).
+        """
+        if self._mm is None:
+            return True
+        if not self._dead:
+            self._dead = True
+            self.buf.release()
+            if unlink if unlink is not None else self.owner:
+                try:
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
+        try:
+            self._mm.close()
+        except BufferError:
+            return False
+        self._mm = None
+        return True
+
+    def __repr__(self) -> str:
+        return f"ShmRegion({self.path!r}, size={self.size})"

@@ -1,0 +1,516 @@
+"""The ``shm`` transport: one-sided transfers through shared memory (same host).
+
+This is the local stand-in for RDMA READ/WRITE. A client registers a region (a
+file under /dev/shm, :class:`~fs3.transport.region.ShmRegion`) with a storage
+node through ``TransportService.RegisterRegion``; the node maps the file. A
+write RPC then names ``(region, offset, length)`` and the server reads the
+payload straight out of the client's memory; a read RPC names the destination
+and the server ``preadv``s the chunk file straight into it. No byte goes
+through a socket or through a Python-level copy on the server.
+
+Safety, server side (:class:`ShmRegistry`):
+
+* a server maps only files directly under /dev/shm that a client registered,
+  and validates every ``(offset, length)`` against the registered size:
+  unknown region or out-of-bounds range -> ``FsError(INVALID_ARGUMENT)``;
+* a region is dropped on ``UnregisterRegion``, when its owner pid is gone
+  (checked periodically, with the process start time so a reused pid does not
+  keep it alive) and at ``stop()``. A mapping with live views (a fetch still in
+  progress) is closed as soon as the last view is gone.
+
+Client side (:class:`ShmClientTransport`): buffers that lie inside a region
+registered with :meth:`ShmClientTransport.register_region` (USRBIO Iovs, the
+FUSE daemon's buffers) are used in place; any other buffer is copied into an
+internal staging region first (one memcpy, still no socket). Regions are
+registered with each storage node lazily, on first use, and unregistered on
+``close``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno as _errno
+import logging
+import os
+import weakref
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fs3.errors import Code, FsError, invalid
+from fs3.logs import event
+from fs3.proto import transport_pb2, transport_pb2_grpc
+from fs3.rpc.channel import ChannelPool, call
+from fs3.transport.base import (
+    DONE,
+    ClientTransport,
+    ReadCompletion,
+    _noop_complete,
+    inline_read_ref,
+)
+from fs3.transport.region import ShmRegion, buffer_address, process_start_time
+
+log = logging.getLogger("fs3.transport.shm")
+
+UNKNOWN_REGION = "unknown shm region"
+
+
+def is_region_error(err: BaseException) -> bool:
+    """True if a storage RPC failed because the node does not know our region.
+
+    Happens after the storage process restarted; call
+    ``transport.forget_node(node_address)`` and retry (registration is lazy).
+    """
+    return isinstance(err, FsError) and err.code == Code.INVALID_ARGUMENT and err.message.startswith(UNKNOWN_REGION)
+
+
+# --------------------------------------------------------------------------- server side
+
+
+@dataclass
+class _Registered:
+    client_id: str
+    region_id: str
+    pid: int
+    start_time: str | None
+    region: ShmRegion
+
+
+class ShmRegistry:
+    """The regions a storage server was told about, keyed by region id.
+
+    Region ids are random (uuid4) per client; an id registered by one client
+    cannot be taken over by another.
+    """
+
+    def __init__(self, check_interval_s: float = 1.0) -> None:
+        self.check_interval_s = check_interval_s
+        self._regions: dict[str, _Registered] = {}
+        self._graveyard: list[ShmRegion] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._regions)
+
+    def has(self, region_id: str) -> bool:
+        return region_id in self._regions
+
+    # -- registration ---------------------------------------------------------
+
+    def register(self, req: transport_pb2.RegisterRegionRequest) -> None:
+        if not req.client_id or not req.region:
+            raise invalid("RegisterRegion needs client_id and region")
+        if req.size <= 0:
+            raise invalid(f"RegisterRegion: size must be > 0, got {req.size}")
+        if req.pid <= 0:
+            raise invalid("RegisterRegion: pid of the owner is required (same-host transport)")
+        start = process_start_time(req.pid)
+        if start is None:
+            raise invalid(f"RegisterRegion: owner pid {req.pid} does not exist on this host")
+        old = self._regions.get(req.region)
+        if old is not None:
+            if old.client_id != req.client_id:
+                raise invalid(f"RegisterRegion: region {req.region!r} belongs to another client")
+            if old.region.path == os.path.realpath(req.path) and old.region.size == req.size:
+                return  # a retried registration
+        region = ShmRegion.open(req.path, req.size, region_id=req.region)
+        if old is not None:
+            self._bury(old.region)
+        self._regions[req.region] = _Registered(req.client_id, req.region, req.pid, start, region)
+        event(log, "shm region registered", client=req.client_id, region=req.region, size=req.size, pid=req.pid)
+
+    def unregister(self, client_id: str, region_id: str) -> bool:
+        reg = self._regions.get(region_id)
+        if reg is None or reg.client_id != client_id:
+            return False
+        del self._regions[region_id]
+        self._bury(reg.region)
+        event(log, "shm region dropped", client=client_id, region=region_id)
+        return True
+
+    def _bury(self, region: ShmRegion) -> None:
+        if not region.close(unlink=False):
+            self._graveyard.append(region)
+
+    def sweep(self) -> int:
+        """Drop regions whose owner process is gone; retry closing busy mappings."""
+        dropped = 0
+        for rid, reg in list(self._regions.items()):
+            now = process_start_time(reg.pid)
+            if now is None or (reg.start_time and now and now != reg.start_time):
+                self._regions.pop(rid, None)
+                self._bury(reg.region)
+                dropped += 1
+                event(log, "shm region owner gone", client=reg.client_id, region=rid, pid=reg.pid)
+        self._graveyard = [r for r in self._graveyard if not r.close(unlink=False)]
+        return dropped
+
+    # -- access ---------------------------------------------------------------
+
+    def view(self, ref: transport_pb2.ShmRef) -> memoryview:
+        """The bytes ``ref`` names, validated against the region bounds."""
+        reg = self._regions.get(ref.region)
+        if reg is None:
+            raise invalid(f"{UNKNOWN_REGION} {ref.region!r} (not registered with this node)")
+        end = ref.offset + ref.length
+        if end > reg.region.size:
+            raise invalid(
+                f"shm range [{ref.offset}, {end}) outside region {ref.region!r} of {reg.region.size} bytes"
+            )
+        return reg.region.buf[ref.offset : end]
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="shm-region-sweeper")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.check_interval_s)
+            try:
+                self.sweep()
+            except Exception:  # the sweeper must survive anything
+                log.exception("shm region sweep failed")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        for rid, reg in list(self._regions.items()):
+            self.unregister(reg.client_id, rid)
+        self._graveyard = [r for r in self._graveyard if not r.close(unlink=False)]
+
+
+async def preadv_into(fd: int, view: memoryview, offset: int, *, thread_threshold: int) -> int:
+    """``preadv`` a file range into ``view`` until full or EOF; returns bytes read.
+
+    Reads larger than ``thread_threshold`` run in a worker thread so a slow
+    disk does not stall the server's event loop.
+    """
+
+    def read_all() -> int:
+        done = 0
+        while done < len(view):
+            n = os.preadv(fd, [view[done:]], offset + done)
+            if n == 0:
+                break
+            done += n
+        return done
+
+    if len(view) > thread_threshold:
+        return await asyncio.to_thread(read_all)
+    return read_all()
+
+
+# --------------------------------------------------------------------------- client side
+
+PAGE = 4096
+
+
+class _Arena:
+    """A staging region with a first-fit allocator (4 KiB granules)."""
+
+    def __init__(self, region: ShmRegion, dedicated: bool) -> None:
+        self.region = region
+        self.dedicated = dedicated
+        self.free: list[tuple[int, int]] = [(0, region.size)]
+        self.used = 0
+
+    def alloc(self, size: int) -> int | None:
+        size = max(PAGE, (size + PAGE - 1) // PAGE * PAGE)
+        for i, (off, n) in enumerate(self.free):
+            if n >= size:
+                if n == size:
+                    del self.free[i]
+                else:
+                    self.free[i] = (off + size, n - size)
+                self.used += size
+                return off
+        return None
+
+    def release(self, off: int, size: int) -> None:
+        size = max(PAGE, (size + PAGE - 1) // PAGE * PAGE)
+        self.used -= size
+        self.free.append((off, size))
+        self.free.sort()
+        merged: list[tuple[int, int]] = []
+        for o, n in self.free:
+            if merged and merged[-1][0] + merged[-1][1] == o:
+                merged[-1] = (merged[-1][0], merged[-1][1] + n)
+            else:
+                merged.append((o, n))
+        self.free = merged
+
+
+@dataclass
+class _Slot:
+    arena: _Arena
+    offset: int
+    size: int
+    view: memoryview
+
+
+class _Staging:
+    """Staging memory for buffers that are not in a registered region."""
+
+    def __init__(self, arena_bytes: int, max_bytes: int) -> None:
+        self.arena_bytes = arena_bytes
+        self.max_bytes = max_bytes
+        self.arenas: list[_Arena] = []
+        self._waiters: list[asyncio.Future[None]] = []
+        self.on_new_arena: Any = None  # callback(region) -> None
+        self.on_drop_arena: Any = None
+
+    def total(self) -> int:
+        return sum(a.region.size for a in self.arenas)
+
+    async def alloc(self, size: int) -> _Slot:
+        while True:
+            for arena in self.arenas:
+                if arena.dedicated:
+                    continue
+                off = arena.alloc(size)
+                if off is not None:
+                    return _Slot(arena, off, size, arena.region.buf[off : off + size])
+            want = self.arena_bytes if size <= self.arena_bytes else (size + (1 << 20) - 1) >> 20 << 20
+            if self.total() + want <= self.max_bytes or not self.arenas:
+                arena = _Arena(ShmRegion.create(want, prefix="fs3-staging"), dedicated=size > self.arena_bytes)
+                self.arenas.append(arena)
+                off = arena.alloc(size)
+                assert off is not None
+                return _Slot(arena, off, size, arena.region.buf[off : off + size])
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            await fut
+
+    def free(self, slot: _Slot) -> None:
+        slot.view.release()
+        slot.arena.release(slot.offset, slot.size)
+        if slot.arena.dedicated and slot.arena.used == 0:
+            self.arenas.remove(slot.arena)
+            if self.on_drop_arena is not None:
+                self.on_drop_arena(slot.arena.region)
+        waiters, self._waiters = self._waiters, []
+        for w in waiters:
+            if not w.done():
+                w.get_loop().call_soon_threadsafe(_set_none, w)
+
+
+def _set_none(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class _StagedWrite:
+    """Awaitable returned by ``write_ref`` when the payload was staged.
+
+    Already complete (the payload was copied); it frees the staging slot when
+    garbage-collected or ``release()``d, i.e. once the caller is done with the RPC.
+    """
+
+    def __init__(self, staging: _Staging, slot: _Slot) -> None:
+        self._fin = weakref.finalize(self, staging.free, slot)
+
+    def release(self) -> None:
+        self._fin()
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        return DONE.__await__()
+
+
+class _StagedRead:
+    """``complete(n)`` for a staged read: copy n bytes into the caller's buffer."""
+
+    def __init__(self, staging: _Staging, slot: _Slot, dest: memoryview) -> None:
+        self._slot = slot
+        self._dest = dest
+        self._fin = weakref.finalize(self, staging.free, slot)
+
+    async def __call__(self, n: int) -> None:
+        if not 0 <= n <= len(self._dest):
+            raise invalid(f"read completion of {n} bytes does not fit a {len(self._dest)}-byte buffer")
+        self._dest[:n] = self._slot.view[:n]
+        self._fin()
+
+
+@dataclass
+class _NodeState:
+    registered: dict[str, asyncio.Future[None]] = field(default_factory=dict)
+
+
+class ShmClientTransport(ClientTransport):
+    kind = "shm"
+
+    def __init__(
+        self,
+        client_id: str,
+        *,
+        staging_arena_bytes: int = 64 << 20,
+        staging_max_bytes: int = 512 << 20,
+        rpc_timeout_s: float = 10.0,
+    ) -> None:
+        super().__init__(client_id)
+        self._regions: dict[str, ShmRegion] = {}
+        self._nodes: dict[str, _NodeState] = {}
+        self._pool = ChannelPool()
+        self._staging = _Staging(staging_arena_bytes, max(staging_max_bytes, staging_arena_bytes))
+        self._staging.on_drop_arena = self._drop_staging_region
+        self._rpc_timeout_s = rpc_timeout_s
+        self._closed = False
+        self._bg: set[asyncio.Task[None]] = set()
+
+    @property
+    def regions(self) -> list[ShmRegion]:
+        """Regions usable in place: registered ones plus staging arenas."""
+        return list(self._regions.values()) + [a.region for a in self._staging.arenas]
+
+    # -- regions ----------------------------------------------------------------
+
+    async def register_region(self, region: ShmRegion) -> str:
+        self._check_open()
+        self._regions[region.id] = region
+        return region.id
+
+    async def unregister_region(self, region: ShmRegion) -> None:
+        self._regions.pop(region.id, None)
+        await self._unregister_everywhere(region.id)
+
+    async def _unregister_everywhere(self, region_id: str) -> None:
+        calls = []
+        for node, st in self._nodes.items():
+            fut = st.registered.pop(region_id, None)
+            if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None:
+                calls.append(self._unregister_on(node, region_id))
+        await asyncio.gather(*calls, return_exceptions=True)
+
+    async def _unregister_on(self, node: str, region_id: str) -> None:
+        stub = transport_pb2_grpc.TransportServiceStub(self._pool.get(node))
+        req = transport_pb2.UnregisterRegionRequest(client_id=self.client_id, region=region_id)
+        await call(stub.UnregisterRegion, req, timeout=self._rpc_timeout_s)
+
+    def _drop_staging_region(self, region: ShmRegion) -> None:
+        rid = region.id
+        for st in self._nodes.values():
+            st.registered.pop(rid, None)
+        region.close()
+        if not self._closed:
+            try:
+                task = asyncio.get_running_loop().create_task(self._unregister_everywhere_ids(rid))
+            except RuntimeError:
+                return
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
+
+    async def _unregister_everywhere_ids(self, region_id: str) -> None:
+        await asyncio.gather(
+            *(self._unregister_on(node, region_id) for node in list(self._nodes)), return_exceptions=True
+        )
+
+    async def _ensure_registered(self, node: str, region: ShmRegion) -> None:
+        st = self._nodes.setdefault(node, _NodeState())
+        fut = st.registered.get(region.id)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+            st.registered[region.id] = fut
+            try:
+                stub = transport_pb2_grpc.TransportServiceStub(self._pool.get(node))
+                req = transport_pb2.RegisterRegionRequest(
+                    client_id=self.client_id, region=region.id, path=region.path, size=region.size, pid=os.getpid()
+                )
+                await call(stub.RegisterRegion, req, timeout=self._rpc_timeout_s)
+            except BaseException as e:
+                st.registered.pop(region.id, None)
+                fut.set_exception(e if isinstance(e, Exception) else FsError(Code.CANCELLED, "cancelled"))
+                fut.exception()  # mark retrieved: other waiters see it through await
+                raise
+            fut.set_result(None)
+            return
+        await asyncio.shield(fut)
+
+    def forget_node(self, node_address: str) -> None:
+        self._nodes.pop(node_address, None)
+
+    def _locate(self, view: memoryview) -> tuple[ShmRegion, int] | None:
+        addr, n = buffer_address(view)
+        for region in self.regions:
+            if not region.closed and region.contains(addr, n):
+                return region, addr - region.address
+        return None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise FsError(Code.INVALID_ARGUMENT, "shm transport is closed", errno=_errno.EBADF)
+
+    # -- refs ---------------------------------------------------------------------
+
+    async def write_ref(
+        self, node_address: str, data_address: str, data: memoryview
+    ) -> tuple[transport_pb2.DataRef, Awaitable[None]]:
+        self._check_open()
+        data = memoryview(data)
+        if data.format != "B" or data.ndim != 1:
+            data = data.cast("B")
+        n = data.nbytes
+        if n == 0:
+            return transport_pb2.DataRef(inline=b""), DONE
+        found = self._locate(data)
+        done: Awaitable[None] = DONE
+        if found is None:
+            slot = await self._staging.alloc(n)
+            slot.view[:] = data
+            done = _StagedWrite(self._staging, slot)
+            region, offset = slot.arena.region, slot.offset
+        else:
+            region, offset = found
+        await self._ensure_registered(node_address, region)
+        ref = transport_pb2.DataRef(shm=transport_pb2.ShmRef(region=region.id, offset=offset, length=n))
+        return ref, done
+
+    async def read_ref(
+        self, node_address: str, data_address: str, dest: memoryview
+    ) -> tuple[transport_pb2.DataRef, ReadCompletion]:
+        self._check_open()
+        dest = memoryview(dest)
+        if dest.readonly:
+            raise invalid("read destination must be writable")
+        if dest.format != "B" or dest.ndim != 1:
+            dest = dest.cast("B")
+        n = dest.nbytes
+        if n == 0:
+            return inline_read_ref(), _noop_complete
+        found = self._locate(dest)
+        complete: ReadCompletion = _noop_complete
+        if found is None:
+            slot = await self._staging.alloc(n)
+            complete = _StagedRead(self._staging, slot, dest)
+            region, offset = slot.arena.region, slot.offset
+        else:
+            region, offset = found
+        await self._ensure_registered(node_address, region)
+        ref = transport_pb2.DataRef(shm=transport_pb2.ShmRef(region=region.id, offset=offset, length=n))
+        return ref, complete
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        ids = list(self._regions) + [a.region.id for a in self._staging.arenas]
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(self._unregister_everywhere(rid) for rid in ids), return_exceptions=True),
+                timeout=self._rpc_timeout_s,
+            )
+        except TimeoutError:
+            pass
+        if self._bg:
+            await asyncio.gather(*self._bg, return_exceptions=True)
+        self._regions.clear()
+        for arena in self._staging.arenas:
+            arena.region.close()
+        self._staging.arenas.clear()
+        await self._pool.close()

@@ -1,0 +1,437 @@
+"""USRBIO, agent side: drains the rings of a mount and performs their I/O.
+
+The agent runs inside the FUSE daemon (as 3FS's does). It is written on
+**anyio**, so it runs unchanged under trio (the FUSE daemon) and asyncio
+(tests, other hosts); the backend's coroutines are awaited in that same
+runtime. Hosting it in the FUSE daemon (trio)::
+
+    agent = UsrbioAgent(backend)
+    sock = agent_socket_path(mountpoint)          # compute before mounting
+    await nursery.start(agent.serve, sock)        # returns once listening
+    ...                                           # cancel the nursery to stop
+
+The backend (duck-typed, see :class:`IoBackend`) does the actual file I/O::
+
+    async def read(inode, file_offset, dest: memoryview) -> int   # bytes read (short = EOF)
+    async def write(inode, file_offset, src: memoryview) -> int   # bytes written
+    # optional hooks:
+    async def authorize(inode, *, uid, gid, pid, write) -> None   # raise FsError to refuse
+    async def attach_region(region: ShmRegion) -> None             # an Iov appeared
+    async def detach_region(region: ShmRegion) -> None             # it is going away
+
+``dest``/``src`` are views into the agent's mapping of the application's Iov:
+the agent never copies payload. For zero copy end to end, ``attach_region``
+should pass the region to the client's shm transport
+(``ClientTransport.register_region(region)``) so the storage servers map the
+Iov and read/write it directly; ``detach_region`` unregisters it. Backends
+must refuse inodes the application has no business with (3FS requires the
+inode to be open in the daemon; ``authorize`` is called once per ring and
+inode with the application's credentials from ``SO_PEERCRED``).
+
+Safety: every ring entry is re-validated (slot index, buffer id, range inside
+the Iov, buffer owned by the same uid); a bad entry completes with -EINVAL or
+-EACCES, never touches memory outside the Iov. An application that exits or
+crashes closes its sockets: the agent waits for that ring's in-flight I/Os,
+then unmaps its rings and Iovs (and unlinks their /dev/shm files if the
+process is gone). Mappings still referenced by a backend are closed when the
+last view is released.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+from anyio.abc import SocketAttribute, SocketStream
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from fs3.errors import Code, FsError
+from fs3.logs import event
+from fs3.transport.region import SHM_DIR, ShmRegion, process_start_time
+from fs3.usrbio.ring import Ring
+from fs3.usrbio.shm import IOR_PREFIX, IOV_PREFIX, LEN, decode_len, encode, peer_credentials
+
+log = logging.getLogger("fs3.usrbio.agent")
+
+_HANDSHAKE_TIMEOUT_S = 10.0
+_CQ_FULL_GIVE_UP_S = 5.0
+
+
+class IoBackend(Protocol):
+    async def read(self, inode: int, file_offset: int, dest: memoryview) -> int: ...
+
+    async def write(self, inode: int, file_offset: int, src: memoryview) -> int: ...
+
+
+@dataclass
+class _Peer:
+    pid: int
+    uid: int
+    gid: int
+    start_time: str | None
+
+
+@dataclass
+class _AgentIov:
+    id: bytes
+    region: ShmRegion
+    uid: int
+    users: int = 0
+    closing: bool = False
+    idle: anyio.Event = field(default_factory=anyio.Event)
+
+
+class _RefusedError(Exception):
+    def __init__(self, err: int, message: str) -> None:
+        super().__init__(message)
+        self.errno = err
+        self.message = message
+
+
+def _validated_path(path: Any, prefix: str, size: Any, uid: int) -> tuple[str, int]:
+    if not isinstance(path, str) or not isinstance(size, int) or size <= 0:
+        raise _RefusedError(_errno.EINVAL, "registration needs a path and a positive size")
+    real = os.path.realpath(path)
+    if os.path.dirname(real) != SHM_DIR or not os.path.basename(real).startswith(prefix + "-"):
+        raise _RefusedError(_errno.EINVAL, f"{path!r} is not a {prefix} file under {SHM_DIR}")
+    try:
+        st = os.stat(real)
+    except OSError as e:
+        raise _RefusedError(e.errno or _errno.ENOENT, f"{path!r}: {e.strerror}") from None
+    if uid != 0 and st.st_uid != uid:
+        raise _RefusedError(_errno.EACCES, f"{path!r} belongs to another user")
+    if st.st_size < size:
+        raise _RefusedError(_errno.EINVAL, f"{path!r} is smaller than {size} bytes")
+    return real, size
+
+
+def _errno_of(exc: BaseException) -> int:
+    if isinstance(exc, FsError):
+        return exc.errno or _errno.EIO
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno
+    return _errno.EIO
+
+
+class UsrbioAgent:
+    """Serves USRBIO Iovs and rings of one mount point over a Unix socket.
+
+    Args:
+        io_backend: performs reads/writes (see the module docstring).
+        max_concurrent_ios: I/Os the agent runs at once over all rings.
+    """
+
+    def __init__(self, io_backend: Any, *, max_concurrent_ios: int = 64) -> None:
+        self.backend = io_backend
+        self._limiter = anyio.CapacityLimiter(max_concurrent_ios)
+        self._iovs: dict[bytes, _AgentIov] = {}
+        self._rings = 0
+        self.stats = {"ios": 0, "errors": 0, "batches": 0, "bytes": 0}
+        self.socket_path = ""
+
+    @property
+    def iov_count(self) -> int:
+        return len(self._iovs)
+
+    @property
+    def ring_count(self) -> int:
+        return self._rings
+
+    # -- serving ------------------------------------------------------------------
+
+    async def serve(self, socket_path: str, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        """Listen on ``socket_path`` until cancelled (reports started once listening)."""
+        _prepare_socket_path(socket_path)
+        listener = await anyio.create_unix_listener(socket_path)
+        os.chmod(socket_path, 0o666)  # every local user of the mount may use USRBIO
+        self.socket_path = socket_path
+        event(log, "usrbio agent listening", socket=socket_path)
+        try:
+            task_status.started()
+            await listener.serve(self._handle)
+        finally:
+            _remove_socket(socket_path)
+            with anyio.CancelScope(shield=True):
+                await listener.aclose()
+
+    async def _handle(self, stream: SocketStream) -> None:
+        async with stream:
+            try:
+                raw = stream.extra(SocketAttribute.raw_socket)
+                pid, uid, gid = peer_credentials(raw)
+                peer = _Peer(pid, uid, gid, process_start_time(pid))
+                buffered = BufferedByteReceiveStream(stream)
+                with anyio.fail_after(_HANDSHAKE_TIMEOUT_S):
+                    n = decode_len(await buffered.receive_exactly(LEN.size))
+                    msg = json.loads(await buffered.receive_exactly(n))
+                if not isinstance(msg, dict):
+                    raise _RefusedError(_errno.EINVAL, "registration must be a JSON object")
+                op = msg.get("op")
+                if op == "iov":
+                    await self._serve_iov(stream, buffered, msg, peer)
+                elif op == "ior":
+                    await self._serve_ring(stream, buffered, msg, peer)
+                else:
+                    raise _RefusedError(_errno.EINVAL, f"unknown op {op!r}")
+            except _RefusedError as e:
+                await _reply(stream, {"ok": False, "errno": e.errno, "message": e.message})
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, TimeoutError):
+                pass
+            except (ValueError, OSError) as e:
+                log.warning("usrbio: bad registration: %s", e)
+            except Exception:  # one bad client must never take the agent down
+                log.exception("usrbio connection failed")
+
+    # -- Iovs -----------------------------------------------------------------------
+
+    async def _serve_iov(self, stream: SocketStream, buffered: BufferedByteReceiveStream, msg: dict[str, Any], peer: _Peer) -> None:
+        try:
+            iov_id = bytes.fromhex(str(msg.get("id", "")))
+        except ValueError:
+            iov_id = b""
+        if len(iov_id) != 16:
+            raise _RefusedError(_errno.EINVAL, "iov id must be 16 bytes (hex)")
+        if iov_id in self._iovs:
+            raise _RefusedError(_errno.EEXIST, "iov id already registered")
+        path, size = _validated_path(msg.get("path"), IOV_PREFIX, msg.get("size"), peer.uid)
+        try:
+            region = ShmRegion.open(path, size, region_id=iov_id.hex())
+        except FsError as e:
+            raise _RefusedError(e.errno, e.message) from None
+        iov = _AgentIov(iov_id, region, peer.uid)
+        self._iovs[iov_id] = iov
+        try:
+            hook = getattr(self.backend, "attach_region", None)
+            if hook is not None:
+                await hook(region)
+            await _reply(stream, {"ok": True})
+            event(log, "usrbio iov registered", pid=peer.pid, size=size)
+            await _until_eof(buffered)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._drop_iov(iov, peer)
+
+    async def _drop_iov(self, iov: _AgentIov, peer: _Peer) -> None:
+        iov.closing = True
+        if iov.users:
+            await iov.idle.wait()
+        self._iovs.pop(iov.id, None)
+        hook = getattr(self.backend, "detach_region", None)
+        if hook is not None:
+            try:
+                await hook(iov.region)
+            except Exception:
+                log.exception("usrbio detach_region failed")
+        iov.region.close(unlink=_gone(peer))
+
+    # -- rings ----------------------------------------------------------------------
+
+    async def _serve_ring(self, stream: SocketStream, buffered: BufferedByteReceiveStream, msg: dict[str, Any], peer: _Peer) -> None:
+        path, size = _validated_path(msg.get("path"), IOR_PREFIX, msg.get("size"), peer.uid)
+        try:
+            region = ShmRegion.open(path, size)
+        except FsError as e:
+            raise _RefusedError(e.errno, e.message) from None
+        try:
+            ring = Ring(region.buf)
+        except ValueError as e:
+            region.close(unlink=False)
+            raise _RefusedError(_errno.EINVAL, str(e)) from None
+        raw = stream.extra(SocketAttribute.raw_socket)
+        ctx = _RingCtx(ring, raw, peer)
+        self._rings += 1
+        try:
+            await _reply(stream, {"ok": True})
+            event(log, "usrbio ring registered", pid=peer.pid, entries=ring.entries, for_read=ring.for_read)
+            async with anyio.create_task_group() as tg:
+                await self._ring_loop(ctx, buffered, tg)
+            # leaving the task group waited for every batch of this ring
+        finally:
+            self._rings -= 1
+            ring.release()
+            region.close(unlink=_gone(peer))
+
+    async def _ring_loop(self, ctx: _RingCtx, buffered: BufferedByteReceiveStream, tg: Any) -> None:
+        ring = ctx.ring
+        depth = ring.io_depth
+        fill_wait = None if ring.timeout_ms < 0 else ring.timeout_ms / 1000
+        pending_since: float | None = None
+        while True:
+            wait: float | None = None
+            if pending_since is not None and fill_wait is not None:
+                wait = max(0.0, pending_since + fill_wait - time.monotonic())
+            with anyio.move_on_after(wait) as scope:
+                try:
+                    await buffered.receive(4096)  # wake-up bytes: their value does not matter
+                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    return
+            timed_out = scope.cancelled_caught
+            while True:
+                queued = ring.sqes_queued()
+                if queued == 0:
+                    pending_since = None
+                    break
+                if depth > 0:
+                    if queued >= depth:
+                        take = depth
+                    elif timed_out:
+                        take = queued
+                    else:
+                        pending_since = pending_since or time.monotonic()
+                        break
+                elif depth < 0:
+                    take = min(queued, -depth)
+                else:
+                    take = queued
+                pending_since = None
+                batch = []
+                for _ in range(take):
+                    sqe = ring.pop_sqe()
+                    if sqe is None:
+                        break
+                    batch.append(sqe)
+                self.stats["batches"] += 1
+                tg.start_soon(self._run_batch, ctx, batch)
+
+    async def _run_batch(self, ctx: _RingCtx, batch: list[tuple[int, int]]) -> None:
+        results: list[tuple[int, int, int]] = []
+
+        async def one(index: int, userdata: int) -> None:
+            results.append((index, await self._one_io(ctx, index), userdata))
+
+        async with anyio.create_task_group() as tg:
+            for index, userdata in batch:
+                if not 0 <= index < ctx.ring.entries or index in ctx.inflight:
+                    results.append((index, -_errno.EINVAL, userdata))
+                    continue
+                ctx.inflight.add(index)
+                tg.start_soon(one, index, userdata)
+        deadline = time.monotonic() + _CQ_FULL_GIVE_UP_S
+        for index, result, userdata in results:
+            ctx.inflight.discard(index)
+            while not ctx.ring.push_cqe(index, result, userdata):
+                if time.monotonic() > deadline:  # the application stopped reaping: drop
+                    log.warning("usrbio: completion queue of pid %d stays full; dropping", ctx.peer.pid)
+                    break
+                await anyio.sleep(0.001)
+        try:
+            ctx.sock.send(b"c", socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+        except OSError:
+            pass  # buffer full (app has wake-ups pending) or app gone (EOF handled by the loop)
+
+    async def _one_io(self, ctx: _RingCtx, index: int) -> int:
+        args = ctx.ring.read_args(index)
+        self.stats["ios"] += 1
+        iov = self._iovs.get(args.buf_id)
+        if iov is None or iov.closing:
+            return self._fail(_errno.EINVAL)
+        if iov.uid != ctx.peer.uid and ctx.peer.uid != 0:
+            return self._fail(_errno.EACCES)
+        if args.buf_off + args.io_len > iov.region.size:
+            return self._fail(_errno.EINVAL)
+        if args.file_off + args.io_len > 2**63 - 1:
+            return self._fail(_errno.EINVAL)
+        if args.io_len == 0:
+            return 0
+        write = not ctx.ring.for_read
+        iov.users += 1
+        view = iov.region.buf[args.buf_off : args.buf_off + args.io_len]
+        try:
+            key = (args.inode, write)
+            if key not in ctx.authorized:
+                hook = getattr(self.backend, "authorize", None)
+                if hook is not None:
+                    await hook(args.inode, uid=ctx.peer.uid, gid=ctx.peer.gid, pid=ctx.peer.pid, write=write)
+                ctx.authorized.add(key)
+            async with self._limiter:
+                if write:
+                    n = await self.backend.write(args.inode, args.file_off, view.toreadonly())
+                else:
+                    n = await self.backend.read(args.inode, args.file_off, view)
+            if not isinstance(n, int) or not 0 <= n <= args.io_len:
+                log.error("usrbio backend returned %r for a %d-byte io", n, args.io_len)
+                return self._fail(_errno.EIO)
+            self.stats["bytes"] += n
+            return n
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as e:
+            if not isinstance(e, FsError | OSError):
+                log.exception("usrbio backend failed")
+            return self._fail(_errno_of(e))
+        finally:
+            try:
+                view.release()
+            except BufferError:
+                pass  # the backend kept a view; the mapping closes when it drops it
+            iov.users -= 1
+            if iov.users == 0 and iov.closing:
+                iov.idle.set()
+
+    def _fail(self, err: int) -> int:
+        self.stats["errors"] += 1
+        return -err
+
+
+@dataclass
+class _RingCtx:
+    ring: Ring
+    sock: socket.socket
+    peer: _Peer
+    inflight: set[int] = field(default_factory=set)
+    authorized: set[tuple[int, bool]] = field(default_factory=set)
+
+
+async def _reply(stream: SocketStream, msg: dict[str, Any]) -> None:
+    try:
+        await stream.send(encode(msg))
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        pass
+
+
+async def _until_eof(buffered: BufferedByteReceiveStream) -> None:
+    while True:
+        try:
+            await buffered.receive(4096)
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            return
+
+
+def _gone(peer: _Peer) -> bool:
+    """True if the registering process no longer exists (then its shm files are ours to remove)."""
+    now = process_start_time(peer.pid)
+    return now is None or bool(peer.start_time and now and now != peer.start_time)
+
+
+def _prepare_socket_path(path: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    if os.path.exists(path):
+        if _socket_alive(path):
+            raise FsError(Code.UNAVAILABLE, f"another usrbio agent is serving {path}", retryable=False)
+        os.unlink(path)  # stale: a previous daemon crashed
+
+
+def _remove_socket(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _socket_alive(path: str) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1.0)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()

@@ -1,0 +1,501 @@
+"""The Python file API against a real cluster: parity with the built-ins, transports, truncate.
+
+Parity: every scenario below runs twice, once against a local temporary
+directory with Python's own ``open``/``os`` functions and once against fs3 with
+the :class:`fs3.client.file_api.Client`; each records a trace of results
+(content, positions, sizes, and for failures the exception type and errno) and
+the two traces must be identical.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import stat
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from fs3.testing.cluster import ProcessCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+CHUNK = 1 << 20  # the cluster's default chunk size
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ProcessCluster]:
+    with ProcessCluster(
+        storage_nodes=3, targets_per_node=1, replicas=3, meta=2, mgmtd=1, transport="grpc",
+        overrides={"storage": {"storage": {"fsync": False}}},
+    ) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client(cluster: ProcessCluster) -> Iterator[Any]:
+    c = cluster.connect()
+    yield c
+    c.close()
+
+
+# ---------------------------------------------------------------------- adapters
+
+
+class LocalFS:
+    """The reference: Python's built-ins on a local directory."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def p(self, rel: str) -> str:
+        return os.path.join(self.root, rel)
+
+    def open(self, rel: str, mode: str = "r", **kw: Any) -> Any:
+        return open(self.p(rel), mode, **kw)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        fn = {"exists": os.path.exists, "isdir": os.path.isdir, "isfile": os.path.isfile, "islink": os.path.islink}.get(name) or getattr(os, name)
+
+        def call(rel: str, *a: Any, **kw: Any) -> Any:
+            if name in ("rename", "replace", "link"):
+                return fn(self.p(rel), self.p(a[0]), *a[1:], **kw)
+            if name == "symlink":  # symlink(target, rel): the target text is kept verbatim
+                return fn(rel, self.p(a[0]), *a[1:], **kw)
+            return fn(self.p(rel), *a, **kw)
+
+        return call
+
+
+class Fs3FS:
+    """The same calls on fs3 (paths below a fresh directory)."""
+
+    def __init__(self, client: Any, root: str) -> None:
+        self.c = client
+        self.root = root
+
+    def p(self, rel: str) -> str:
+        return self.root + "/" + rel
+
+    def open(self, rel: str, mode: str = "r", **kw: Any) -> Any:
+        return self.c.open(self.p(rel), mode, **kw)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        fn = getattr(self.c, name)
+
+        def call(rel: str, *a: Any, **kw: Any) -> Any:
+            if name in ("rename", "replace", "link"):
+                return fn(self.p(rel), self.p(a[0]), *a[1:], **kw)
+            if name == "symlink":
+                return fn(rel, self.p(a[0]), *a[1:], **kw)
+            return fn(self.p(rel), *a, **kw)
+
+        return call
+
+
+class Trace:
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+
+    def __call__(self, label: str, fn: Callable[..., Any], *a: Any, **kw: Any) -> Any:
+        try:
+            r = fn(*a, **kw)
+        except OSError as e:
+            self.items.append((label, "OSError", type(e).__name__, e.errno))
+            return None
+        except (ValueError, io.UnsupportedOperation, TypeError) as e:
+            self.items.append((label, type(e).__name__))
+            return None
+        self.items.append((label, _norm(r)))
+        return r
+
+    def add(self, label: str, value: Any) -> None:
+        self.items.append((label, _norm(value)))
+
+
+def _norm(r: Any) -> Any:
+    if isinstance(r, os.stat_result):
+        return ("stat", stat.S_IFMT(r.st_mode), stat.S_IMODE(r.st_mode), r.st_size if not stat.S_ISDIR(r.st_mode) else "-", r.st_nlink)
+    if isinstance(r, list):
+        return sorted(_norm(x) for x in r)
+    if isinstance(r, bytearray):
+        return bytes(r)
+    if hasattr(r, "read") or hasattr(r, "write"):
+        return "<file>"
+    return r
+
+
+# ---------------------------------------------------------------------- scenarios
+
+
+def sc_binary_rw(fs: Any, t: Trace) -> None:
+    with fs.open("f", "wb") as f:
+        t("write", f.write, b"0123456789")
+        t("tell", f.tell)
+        t("seek", f.seek, 2)
+        t("write2", f.write, b"ab")
+        t("tell2", f.tell)
+        t("seek_end", f.seek, 0, os.SEEK_END)
+        t("seek_neg", f.seek, -1)
+        t("read_on_wb", f.read)
+    t("stat", fs.stat, "f")
+    with fs.open("f", "rb") as f:
+        t("read3", f.read, 3)
+        t("tell", f.tell)
+        buf = bytearray(4)
+        t("readinto", f.readinto, buf)
+        t.add("buf", buf)
+        t("read_rest", f.read)
+        t("read_eof", f.read, 10)
+        t("seek_past", f.seek, 100)
+        t("read_past", f.read, 5)
+        t("seek_cur", f.seek, -95, os.SEEK_CUR)
+        t("read_after", f.read, 2)
+        t("write_on_rb", f.write, b"x")
+        t("truncate_on_rb", f.truncate, 1)
+        t("mode", lambda: f.mode)
+    t("read_closed", f.read)
+    with fs.open("f", "rb", buffering=0) as f:
+        t("raw_read", f.read, 4)
+        t("raw_readall", f.readall)
+
+
+def sc_text(fs: Any, t: Trace) -> None:
+    with fs.open("t.txt", "w", encoding="utf-8") as f:
+        t("w", f.write, "héllo\nwörld\n\nlast line no newline")
+        t("mode", lambda: f.mode)
+    with fs.open("t.txt", encoding="utf-8") as f:
+        t("readline", f.readline)
+        t("lines", lambda: list(f))
+    with fs.open("t.txt", "rb") as f:
+        t("bytes", f.read)
+    with fs.open("t.txt", encoding="utf-8") as f:
+        t("readlines", f.readlines)
+    with fs.open("t.txt", "a", encoding="utf-8") as f:
+        t("append", f.write, "\nappended")
+    with fs.open("t.txt", "r+", encoding="utf-8") as f:
+        t("read_all", f.read)
+        t("write_end", f.write, "!")
+    t("final", lambda: fs.open("t.txt", "rb").read())
+
+
+def sc_modes(fs: Any, t: Trace) -> None:
+    t("r_missing", fs.open, "m", "rb")
+    t("rplus_missing", fs.open, "m", "r+b")
+    with fs.open("m", "xb") as f:
+        t("x_write", f.write, b"abc")
+    t("x_exists", fs.open, "m", "xb")
+    with fs.open("m", "ab") as f:
+        t("a_tell0", f.tell)
+        f.seek(0)
+        t("a_write", f.write, b"def")
+        t("a_tell", f.tell)
+    with fs.open("m", "a+b") as f:
+        f.seek(0)
+        t("aplus_read", f.read)
+        t("aplus_write", f.write, b"g")
+        f.seek(0)
+        t("aplus_read2", f.read)
+    with fs.open("m", "r+b") as f:
+        t("rplus_write", f.write, b"XY")
+        t("rplus_read", f.read)
+    with fs.open("m", "wb") as f:
+        t("w_truncated_tell", f.tell)
+    t("w_size", lambda: fs.stat("m").st_size)
+    with fs.open("m", "w+b") as f:
+        f.write(b"hello")
+        f.seek(1)
+        t("wplus_read", f.read, 3)
+        t("wplus_mode", lambda: f.mode)
+    t("bad_mode", fs.open, "m", "rw")
+    t("text_binary", fs.open, "m", "rbt")
+
+
+def sc_truncate_and_holes(fs: Any, t: Trace) -> None:
+    with fs.open("h", "wb") as f:
+        f.write(b"A" * 100)
+        f.seek(CHUNK + 10)  # leave a hole across the first chunk boundary
+        f.write(b"B" * 10)
+        t("size", f.seek, 0, os.SEEK_END)
+    with fs.open("h", "rb") as f:
+        data = f.read()
+        t.add("len", len(data))
+        t.add("head", data[:100])
+        t.add("hole_zero", data[100 : CHUNK + 10] == bytes(CHUNK - 90))
+        t.add("tail", data[CHUNK + 10 :])
+    with fs.open("h", "r+b") as f:
+        f.seek(50)
+        t("trunc", f.truncate, 60)
+        t("tell_after_trunc", f.tell)
+        t("trunc_default", f.truncate)
+        t("trunc_extend", f.truncate, 2 * CHUNK + 5)
+        f.seek(0)
+        d = f.read()
+        t.add("extended_len", len(d))
+        t.add("extended_head", d[:50])
+        t.add("extended_zero", d[50:] == bytes(len(d) - 50))
+    t("os_truncate", fs.truncate, "h", 3)
+    t("after_os_truncate", lambda: fs.open("h", "rb").read())
+    t("os_truncate_neg", fs.truncate, "h", -1)
+    t("truncate_missing", fs.truncate, "nope", 0)
+    t("truncate_dir", fs.truncate, "", 0)
+
+
+def sc_errors(fs: Any, t: Trace) -> None:
+    fs.mkdir("d")
+    with fs.open("d/file", "wb") as f:
+        f.write(b"x")
+    t("open_dir", fs.open, "d", "rb")
+    t("open_dir_w", fs.open, "d", "wb")
+    t("under_file", fs.open, "d/file/x", "rb")
+    t("create_under_file", fs.open, "d/file/x", "wb")
+    t("create_missing_dir", fs.open, "nodir/x", "wb")
+    t("listdir_file", fs.listdir, "d/file")
+    t("listdir_missing", fs.listdir, "nodir")
+    t("mkdir_exists", fs.mkdir, "d")
+    t("mkdir_missing_parent", fs.mkdir, "x/y")
+    t("rmdir_nonempty", fs.rmdir, "d")
+    t("rmdir_file", fs.rmdir, "d/file")
+    t("unlink_dir", fs.unlink, "d")
+    t("unlink_missing", fs.unlink, "d/none")
+    t("stat_missing", fs.stat, "d/none")
+    t("stat_trailing_slash_file", fs.stat, "d/file/")
+    t("makedirs", fs.makedirs, "a/b/c")
+    t("makedirs_exists", fs.makedirs, "a/b/c")
+    t("makedirs_exist_ok", fs.makedirs, "a/b/c", exist_ok=True)
+    t("makedirs_over_file", fs.makedirs, "d/file/q", exist_ok=True)
+    t("exists", fs.exists, "a/b")
+    t("isdir", fs.isdir, "a/b")
+    t("isfile", fs.isfile, "d/file")
+    t("listdir", fs.listdir, "d")
+    t("dotdot", fs.stat, "a/b/../b/c")
+    t("unlink", fs.unlink, "d/file")
+    t("rmdir", fs.rmdir, "d")
+    t("exists_after", fs.exists, "d")
+
+
+def sc_rename(fs: Any, t: Trace) -> None:
+    for n in ("f1", "f2"):
+        with fs.open(n, "wb") as f:
+            f.write(n.encode())
+    fs.makedirs("da/sub")
+    fs.mkdir("db")
+    fs.mkdir("dc")
+    with fs.open("dc/x", "wb"):
+        pass
+    t("file_over_file", fs.rename, "f1", "f2")
+    t("content", lambda: fs.open("f2", "rb").read())
+    t("src_gone", fs.exists, "f1")
+    t("missing_src", fs.rename, "f1", "f3")
+    t("file_over_dir", fs.rename, "f2", "db")
+    t("dir_over_file", fs.rename, "db", "f2")
+    t("dir_over_nonempty", fs.rename, "db", "dc")
+    t("dir_into_self", fs.rename, "da", "da/sub/inner")
+    t("dir_over_empty_dir", fs.rename, "db", "da/sub")
+    t("listdir_da", fs.listdir, "da")
+    t("replace", fs.replace, "f2", "dc/x")
+    t("listdir_dc", fs.listdir, "dc")
+    t("move_dir", fs.rename, "dc", "da/dc")
+    t("listdir_moved", fs.listdir, "da/dc")
+    t("nlink_da", lambda: fs.stat("da").st_nlink)
+
+
+def sc_links(fs: Any, t: Trace) -> None:
+    fs.mkdir("dir")
+    with fs.open("dir/target", "wb") as f:
+        f.write(b"target data")
+    t("symlink", fs.symlink, "dir/target", "ln")
+    t("symlink_dir", fs.symlink, "dir", "lndir")
+    t("symlink_dangling", fs.symlink, "nowhere", "dangle")
+    t("symlink_loop", fs.symlink, "loop", "loop")
+    t("symlink_exists", fs.symlink, "x", "ln")
+    t("readlink", fs.readlink, "ln")
+    t("readlink_file", fs.readlink, "dir/target")
+    t("stat_ln", fs.stat, "ln")
+    t("lstat_ln", lambda: stat.S_ISLNK(fs.lstat("ln").st_mode))
+    t("lstat_size", lambda: fs.lstat("ln").st_size)
+    t("read_via_ln", lambda: fs.open("ln", "rb").read())
+    t("through_dir_link", lambda: fs.open("lndir/target", "rb").read())
+    t("stat_dangling", fs.stat, "dangle")
+    t("exists_dangling", fs.exists, "dangle")
+    t("stat_loop", fs.stat, "loop")
+    t("open_loop", fs.open, "loop", "rb")
+    t("islink", fs.islink, "ln")
+    with fs.open("dangle", "wb") as f:  # creates the dangling link's target
+        f.write(b"created via link")
+    t("created_target", lambda: fs.open("nowhere", "rb").read())
+    t("hardlink", fs.link, "dir/target", "hard")
+    t("nlink2", lambda: fs.stat("hard").st_nlink)
+    t("unlink_orig", fs.unlink, "dir/target")
+    t("nlink1", lambda: fs.stat("hard").st_nlink)
+    t("hard_content", lambda: fs.open("hard", "rb").read())
+    t("ln_now_dangling", fs.stat, "ln")
+    t("link_dir", fs.link, "dir", "dirhard")
+    t("link_exists", fs.link, "hard", "nowhere")
+
+
+def sc_attrs(fs: Any, t: Trace) -> None:
+    with fs.open("a", "wb") as f:
+        f.write(b"attrs")
+    t("chmod", fs.chmod, "a", 0o640)
+    t("mode", lambda: stat.S_IMODE(fs.stat("a").st_mode))
+    t("chmod_suid", fs.chmod, "a", 0o4755)
+    t("mode2", lambda: stat.S_IMODE(fs.stat("a").st_mode))
+    t("utime_ns", fs.utime, "a", ns=(1_000_000_123, 2_000_000_456))
+    t("times", lambda: (fs.stat("a").st_atime_ns, fs.stat("a").st_mtime_ns))
+    t("utime_s", fs.utime, "a", (10.5, 20.25))
+    t("times_s", lambda: (fs.stat("a").st_atime, fs.stat("a").st_mtime))
+    t("chown_same", fs.chown, "a", os.getuid(), os.getgid())
+    t("chmod_missing", fs.chmod, "zz", 0o600)
+    t("setxattr", fs.setxattr, "a", "user.k", b"v1")
+    t("getxattr", fs.getxattr, "a", "user.k")
+    t("listxattr", fs.listxattr, "a")
+    t("setxattr_create_exists", fs.setxattr, "a", "user.k", b"v2", os.XATTR_CREATE)
+    t("setxattr_replace_missing", fs.setxattr, "a", "user.nope", b"v", os.XATTR_REPLACE)
+    t("setxattr_replace", fs.setxattr, "a", "user.k", b"v3", os.XATTR_REPLACE)
+    t("getxattr2", fs.getxattr, "a", "user.k")
+    t("getxattr_missing", fs.getxattr, "a", "user.missing")
+    t("removexattr", fs.removexattr, "a", "user.k")
+    t("removexattr_missing", fs.removexattr, "a", "user.k")
+    t("listxattr_empty", fs.listxattr, "a")
+
+
+def sc_unlink_while_open(fs: Any, t: Trace) -> None:
+    f = fs.open("u", "w+b")
+    f.write(b"still here")
+    f.flush()
+    t("unlink", fs.unlink, "u")
+    t("exists", fs.exists, "u")
+    f.seek(0)
+    t("read_after_unlink", f.read)
+    t("write_after_unlink", f.write, b"!")
+    f.seek(0)
+    t("read2", f.read)
+    f.close()
+
+
+def sc_random_io(fs: Any, t: Trace) -> None:
+    """Model check: a seeded random sequence of seeks, writes, reads and truncates."""
+    rng = random.Random(1234)
+    span = 3 * CHUNK
+    with fs.open("r", "w+b") as f:
+        for i in range(60):
+            op = rng.random()
+            if op < 0.45:
+                off = rng.randrange(span)
+                n = rng.choice([1, 7, 4096, 65536, CHUNK - 3, CHUNK + 17])
+                f.seek(off)
+                t(f"w{i}", f.write, rng.randbytes(n))
+            elif op < 0.85:
+                off = rng.randrange(span + 100)
+                n = rng.choice([1, 100, 4096, CHUNK, 2 * CHUNK])
+                f.seek(off)
+                d = f.read(n)
+                t.add(f"r{i}", (len(d), hash(d)))
+            elif op < 0.95:
+                t(f"t{i}", f.truncate, rng.randrange(span))
+            else:
+                t(f"flush{i}", f.flush)
+            t.add(f"pos{i}", f.tell())
+        f.seek(0)
+        d = f.read()
+        t.add("final", (len(d), hash(d)))
+
+
+SCENARIOS = [
+    sc_binary_rw,
+    sc_text,
+    sc_modes,
+    sc_truncate_and_holes,
+    sc_errors,
+    sc_rename,
+    sc_links,
+    sc_attrs,
+    sc_unlink_while_open,
+    sc_random_io,
+]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)
+def test_parity_with_builtins(scenario: Callable[[Any, Trace], None], client: Any, tmp_path: Any) -> None:
+    local_root = tmp_path / "root"
+    local_root.mkdir()
+    want = Trace()
+    scenario(LocalFS(str(local_root)), want)
+    root = f"/parity-{scenario.__name__}-{uuid.uuid4().hex[:6]}"
+    client.mkdir(root)
+    got = Trace()
+    scenario(Fs3FS(client, root), got)
+    for i, (a, b) in enumerate(zip(want.items, got.items, strict=False)):
+        assert a == b, f"step {i}: builtins gave {a!r}, fs3 gave {b!r}"
+    assert len(want.items) == len(got.items)
+
+
+# ---------------------------------------------------------------------- transports and sizes
+
+
+@pytest.mark.parametrize("kind", ["grpc", "tcp", "shm"])
+def test_transport_round_trip(cluster: ProcessCluster, kind: str) -> None:
+    rng = random.Random(7)
+    c = cluster.connect(transport=kind)
+    try:
+        assert c.core.transport.kind == kind
+        path = f"/io-{kind}"
+        data = rng.randbytes(3 * CHUNK + 12345)
+        with c.open(path, "wb") as f:
+            f.write(data[:100])
+            f.write(data[100:])  # spans four chunks (three chains)
+        with c.open(path, "rb") as f:
+            assert f.read() == data
+        with c.open(path, "rb", buffering=0) as f:
+            for _ in range(50):
+                off = rng.randrange(len(data))
+                n = rng.choice([1, 4096, 70000, CHUNK + 5])
+                f.seek(off)
+                assert f.read(n) == data[off : off + n]
+        assert c.stat(path).st_size == len(data)
+    finally:
+        c.close()
+
+
+def test_length_visible_to_other_clients(cluster: ProcessCluster, client: Any) -> None:
+    """Length reaches meta on flush/fsync/close; another client then sees it."""
+    other = cluster.connect()
+    try:
+        f = client.open("/len", "wb")
+        f.write(b"a" * 5000)
+        assert client.stat("/len").st_size == 0  # still in the file object's buffer (as with builtins)
+        f.flush()
+        assert client.stat("/len").st_size == 5000  # own writes count at once
+        f.fsync()
+        assert other.stat("/len").st_size == 5000
+        with other.open("/len", "rb") as g:
+            assert g.read() == b"a" * 5000
+            f.write(b"b" * 5000)
+            f.fsync()
+            assert g.read() == b"b" * 5000  # a reader sees growth after the fsync
+        f.close()
+        assert other.stat("/len").st_size == 10000
+    finally:
+        other.close()
+
+
+def test_statvfs_and_scandir(client: Any) -> None:
+    client.makedirs("/sd/sub", exist_ok=True)
+    with client.open("/sd/file", "wb") as f:
+        f.write(b"12345")
+    client.symlink("file", "/sd/link")
+    entries = {e.name: e for e in client.scandir("/sd")}
+    assert sorted(entries) == ["file", "link", "sub"]
+    assert entries["sub"].is_dir() and not entries["sub"].is_file()
+    assert entries["file"].is_file() and entries["file"].stat().st_size == 5
+    assert entries["link"].is_symlink() and entries["link"].is_file()
+    assert not entries["link"].is_file(follow_symlinks=False)
+    assert entries["file"].path == "/sd/file"
+    v = client.statvfs("/")
+    assert v.f_namemax == 255 and v.f_bsize > 0 and v.f_blocks >= v.f_bfree
+    walked = list(client.walk("/sd"))
+    assert walked[0][0] == "/sd" and sorted(walked[0][1]) == ["sub"]

@@ -1,0 +1,170 @@
+"""The recovery scenario with real processes: ``fs3 mgmtd`` + three ``fs3 storage``.
+
+Write continuously, kill -9 one storage process, keep writing, restart it,
+wait until mgmtd shows every target SERVING again (the returning target went
+OFFLINE → SYNCING → SERVING through a resync), then compare every chunk's
+version, length and checksum, and the bytes, across the replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fs3.client.mgmtd_client import MgmtdClient
+from fs3.client.routing import SERVING, Routing
+from fs3.config import (
+    ClusterSection,
+    KvSection,
+    LogSection,
+    MgmtdConfig,
+    MgmtdSection,
+    NodeSection,
+    StorageConfig,
+    StorageSection,
+    TransportSection,
+)
+from fs3.storage.direct_client import DirectStorageClient
+from fs3.testing import procs
+from fs3.testing.storage_cluster import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+CS = 64 << 10
+
+
+class Procs:
+    def __init__(self, root: Path, transport: str) -> None:
+        self.root = root
+        self.transport = transport
+        self.cluster_file = root / "cluster"
+        self.mgmtd_port = free_port()
+        self.cluster_file.write_text(f"fs3@127.0.0.1:{self.mgmtd_port}\n")
+        self.running: dict[str, procs.Proc] = {}
+
+    def start_mgmtd(self) -> None:
+        cfg = MgmtdConfig(
+            node=NodeSection(id=1, port=self.mgmtd_port),
+            cluster=ClusterSection(cluster_file=str(self.cluster_file)),
+            kv=KvSection(url=f"sqlite:///{self.root}/kv.db"),
+            log=LogSection(level="INFO"),
+            mgmtd=MgmtdSection(
+                lease_length_s=10.0, lease_renew_interval_s=1.0, lease_safety_margin_s=2.0,
+                heartbeat_interval_s=0.2, heartbeat_timeout_s=1.5, check_interval_s=0.1,
+            ),
+        )
+        self.running["mgmtd-1"] = procs.start("mgmtd", cfg, self.root, "mgmtd-1")
+
+    def storage_cfg(self, i: int) -> StorageConfig:
+        return StorageConfig(
+            node=NodeSection(id=10001 + i, data_dir=str(self.root / f"storage-{i + 1}"), name=f"storage-{i + 1}"),
+            cluster=ClusterSection(cluster_file=str(self.cluster_file)),
+            storage=StorageSection(
+                target_ids=[(i + 1) * 100 + 1], fsync=True, forward_timeout_s=2.0, forward_retry_s=30.0,
+                heartbeat_interval_s=0.2, routing_refresh_s=0.2,
+            ),
+            transport=TransportSection(kind=self.transport),
+        )
+
+    def start_storage(self, i: int) -> None:
+        name = f"storage-{i + 1}"
+        self.running[name] = procs.start("storage", self.storage_cfg(i), self.root, name)
+
+    def kill(self, name: str) -> None:
+        procs.kill(self.running.pop(name))
+
+    def close(self) -> None:
+        for name in [n for n in self.running if n.startswith("storage")] + ["mgmtd-1"]:
+            p = self.running.pop(name, None)
+            if p is not None:
+                procs.stop(p)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Procs]:
+    c = Procs(tmp_path, "tcp")
+    try:
+        c.start_mgmtd()
+        for i in range(3):
+            c.start_storage(i)
+        yield c
+    finally:
+        c.close()
+
+
+async def _wait(admin: MgmtdClient, pred, timeout: float, what: str) -> Routing:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        info = await admin.get_routing(0)
+        r = Routing(info) if info is not None else Routing.empty()
+        if pred(r):
+            return r
+        assert time.monotonic() < deadline, f"timeout: {what}: {r.chains()}"
+        await asyncio.sleep(0.1)
+
+
+def _all_serving(r: Routing) -> bool:
+    chains = r.chains()
+    return bool(chains) and all(
+        len(c.targets) == 3 and all(t.public_state == SERVING for t in c.targets) for c in chains
+    )
+
+
+def test_kill9_storage_process_then_resync(cluster: Procs) -> None:
+    async def main() -> None:
+        admin = MgmtdClient.from_cluster_file(str(cluster.cluster_file), timeout_s=2.0, retry_deadline_s=20.0)
+        cl = DirectStorageClient(admin, "tcp", retry_deadline_s=30.0)
+        try:
+            await _wait(admin, lambda r: all(r.has_target(t) for t in (101, 201, 301)), 20, "registration")
+            await admin.create_chain_table(1, 3)
+            r = await _wait(admin, _all_serving, 20, "all serving")
+            chain = r.chains()[0].chain_id
+            await cl.refresh()
+            rng = random.Random(3)
+            stop = asyncio.Event()
+            writes = 0
+
+            async def writer() -> None:
+                nonlocal writes
+                while not stop.is_set():
+                    idx = rng.randrange(16)
+                    off = rng.randrange(0, CS - 8192)
+                    await cl.write(chain, 77, idx, off, rng.randbytes(rng.randrange(1, 8192)), chunk_size=CS)
+                    writes += 1
+
+            async def until(n: int) -> None:
+                while writes < n:
+                    assert not w.done(), w.exception()
+                    await asyncio.sleep(0.02)
+
+            w = asyncio.create_task(writer())
+            await until(30)
+            victim = r.chain_targets(chain)[1]
+            cluster.kill(f"storage-{victim // 100}")
+            await _wait(admin, lambda r: r.target_state(chain, victim) != SERVING, 20, "victim offline")
+            await until(writes + 30)
+            cluster.start_storage(victim // 100 - 1)
+            await _wait(admin, _all_serving, 60, "all serving after restart")
+            await until(writes + 10)
+            stop.set()
+            await w
+            r = await cl.refresh()
+            metas = {}
+            for tid in r.chain_targets(chain):
+                ms = await cl.list_chunks(tid)
+                metas[tid] = [(m.chunk.index, m.commit_ver, m.length, m.checksum) for m in ms]
+            vals = list(metas.values())
+            assert len(vals[0]) == 16 and all(v == vals[0] for v in vals), metas
+            for idx, *_ in vals[0]:
+                blobs = {bytes((await cl.read(chain, 77, idx, 0, CS, target_id=t))[0]) for t in metas}
+                assert len(blobs) == 1
+        finally:
+            await cl.close()
+            await admin.close()
+
+    asyncio.run(main())

@@ -1,0 +1,169 @@
+"""SQLite engine specifics the contract suite cannot see: pragmas, lock timeouts,
+the commit-log horizon, connection handling, and bad configuration."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sqlite3
+
+import pytest
+
+from fs3.errors import Code, FsError
+from fs3.kv import open_database
+from fs3.kv.sqlite import SqliteDatabase
+
+
+@pytest.fixture
+def path(tmp_path) -> str:
+    return str(tmp_path / "kv.db")
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("sync", "level"), [("FULL", 2), ("NORMAL", 1), ("full", 2)])
+def test_wal_mode_and_synchronous_level(path: str, sync: str, level: int) -> None:
+    with SqliteDatabase(path, synchronous=sync) as db:
+        tr = db.create_transaction()
+        tr.get(b"x")
+        conn = tr._conn
+        assert conn is not None
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == level
+        tr.cancel()
+
+
+@pytest.mark.timeout(10)
+def test_open_database_url_forms(tmp_path, monkeypatch) -> None:
+    db = open_database(f"sqlite://{tmp_path}/abs.db")
+    assert isinstance(db, SqliteDatabase) and db.path == f"{tmp_path}/abs.db"
+    db.close()
+    monkeypatch.chdir(tmp_path)
+    db = open_database("sqlite://rel/kv.db")  # relative, parent directory created
+    db.run(lambda tr: tr.set(b"k", b"v"))
+    db.close()
+    assert os.path.exists(tmp_path / "rel" / "kv.db")
+
+
+@pytest.mark.timeout(10)
+def test_url_query_options(tmp_path) -> None:
+    db = open_database(f"sqlite://{tmp_path}/q.db?synchronous=NORMAL&busy_timeout_ms=250")
+    assert isinstance(db, SqliteDatabase)
+    assert (db.path, db.synchronous, db.busy_timeout_ms) == (f"{tmp_path}/q.db", "NORMAL", 250)
+    db.close()
+    for bad in ("?fsync=1", "?busy_timeout_ms=soon", "?synchronous=OFF"):
+        with pytest.raises(FsError) as ei:
+            open_database(f"sqlite://{tmp_path}/q.db{bad}")
+        assert ei.value.code == Code.INVALID_ARGUMENT
+
+
+@pytest.mark.timeout(10)
+def test_data_persists_across_reopen(path: str) -> None:
+    with SqliteDatabase(path) as db:
+        db.run(lambda tr: tr.set(b"k", b"v"))
+    with SqliteDatabase(path) as db:
+        assert db.run(lambda tr: tr.get(b"k")) == b"v"
+
+
+@pytest.mark.timeout(10)
+def test_foreign_write_lock_gives_retryable_error_not_a_crash(path: str) -> None:
+    db = SqliteDatabase(path, busy_timeout_ms=50)
+    db.run(lambda tr: tr.set(b"k", b"v0"))
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        other.execute("INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)", (b"z", b"1"))
+        # reads still work (WAL readers never wait for the writer) ...
+        assert db.run(lambda tr: tr.get(b"k")) == b"v0"
+        # ... a commit waits busy_timeout, then fails retryably
+        tr = db.create_transaction()
+        tr.set(b"k", b"v1")
+        with pytest.raises(FsError) as ei:
+            tr.commit()
+        assert ei.value.code == Code.KV_UNAVAILABLE and ei.value.retryable
+        with pytest.raises(FsError) as ei:
+            db.run(lambda tr: tr.set(b"k", b"v2"), max_retries=2)
+        assert ei.value.retryable
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    db.run(lambda tr: tr.set(b"k", b"v3"))
+    assert db.run(lambda tr: tr.get(b"k")) == b"v3"
+    db.close()
+
+
+@pytest.mark.timeout(10)
+def test_read_modify_write_waits_for_lock_then_detects_conflict(path: str) -> None:
+    with SqliteDatabase(path) as db:
+        db.run(lambda tr: tr.set(b"k", b"0"))
+        t1 = db.create_transaction()
+        assert t1.get(b"k") == b"0"
+        t2 = db.create_transaction()
+        t2.set(b"k", b"2")
+        t2.commit()
+        t1.set(b"k", b"1")
+        with pytest.raises(FsError) as ei:
+            t1.commit()  # the in-place upgrade is refused; the commit log says why
+        assert ei.value.code == Code.KV_CONFLICT
+        assert db.run(lambda tr: tr.get(b"k")) == b"2"
+
+
+@pytest.mark.timeout(30)
+def test_transaction_older_than_the_commit_log_horizon_conflicts(path: str) -> None:
+    with SqliteDatabase(path, max_txn_age_s=0.001) as db:
+        old = db.create_transaction()
+        old.get(b"unrelated")
+        for i in range(300):  # passes a trim point; the log before it is dropped
+            db.run(lambda tr, i=i: tr.set(b"n", b"%d" % i))
+        old.set(b"mine", b"1")
+        with pytest.raises(FsError) as ei:
+            old.commit()
+        assert ei.value.code == Code.KV_CONFLICT and ei.value.retryable
+        assert "too old" in ei.value.message
+        # the log really is bounded
+        conn = sqlite3.connect(path)
+        try:
+            assert conn.execute("SELECT count(*) FROM kv_log").fetchone()[0] < 300
+        finally:
+            conn.close()
+        # a fresh transaction is fine
+        db.run(lambda tr: (tr.get(b"unrelated"), tr.set(b"mine", b"2")))
+
+
+@pytest.mark.timeout(10)
+def test_dropped_transaction_returns_its_connection(path: str) -> None:
+    with SqliteDatabase(path) as db:
+        db.run(lambda tr: tr.get(b"x"))
+        idle = len(db._pool)
+        tr = db.create_transaction()
+        tr.get(b"x")
+        assert len(db._pool) == idle - 1
+        del tr
+        gc.collect()
+        assert len(db._pool) == idle
+
+
+@pytest.mark.timeout(10)
+def test_closed_database_refuses_new_transactions(path: str) -> None:
+    db = SqliteDatabase(path)
+    db.close()
+    with pytest.raises(FsError) as ei:
+        db.run(lambda tr: tr.get(b"x"))
+    assert ei.value.code == Code.KV_UNAVAILABLE and not ei.value.retryable
+
+
+@pytest.mark.timeout(10)
+def test_bad_configuration_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(FsError) as ei:
+        SqliteDatabase(str(tmp_path / "kv.db"), synchronous="OFF")
+    assert ei.value.code == Code.INVALID_ARGUMENT
+    with pytest.raises(FsError) as ei:
+        SqliteDatabase(str(tmp_path / "kv.db"), busy_timeout_ms=-1)
+    assert ei.value.code == Code.INVALID_ARGUMENT
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(FsError) as ei:
+        SqliteDatabase(str(tmp_path / "afile" / "kv.db"))  # parent is a file
+    assert ei.value.code == Code.KV_UNAVAILABLE and not ei.value.retryable
+    (tmp_path / "garbage.db").write_bytes(b"this is not a database" * 100)
+    with pytest.raises(FsError) as ei:
+        SqliteDatabase(str(tmp_path / "garbage.db"))
+    assert ei.value.code == Code.KV_UNAVAILABLE and not ei.value.retryable

@@ -1,0 +1,80 @@
+"""Inode allocation and chain placement (fs3.meta.alloc, fs3.meta.layout)."""
+
+from __future__ import annotations
+
+import errno
+import threading
+
+import pytest
+
+from fs3.errors import FsError
+from fs3.kv import open_database
+from fs3.meta.alloc import InodeAllocator
+from fs3.meta.layout import ChainAllocator, NoChainTables, StaticChainTables, merge_layout, validate_layout
+from fs3.proto import meta_pb2
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def test_allocators_sharing_a_db_never_collide() -> None:
+    db = open_database("memory://")
+    allocs = [InodeAllocator(db, batch=7) for _ in range(3)]
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def run(a: InodeAllocator) -> None:
+        mine = [a.allocate() for _ in range(200)]
+        with lock:
+            got.extend(mine)
+
+    threads = [threading.Thread(target=run, args=(a,)) for a in allocs for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(got) == 1200 and len(set(got)) == 1200
+    assert min(got) > 1  # the root's number is never handed out
+
+
+def test_batch_of_one_and_give_back() -> None:
+    db = open_database("memory://")
+    a = InodeAllocator(db, batch=1)
+    first = a.allocate()
+    assert first == 2
+    a.give_back(first)
+    assert a.allocate() == first
+    assert a.allocate() == 3
+    assert a.reservations == 2
+
+
+def test_round_robin_placement() -> None:
+    src = StaticChainTables({1: [10, 20, 30, 40, 50]}, version=4)
+    alloc = ChainAllocator(src, seed=1)
+    d = meta_pb2.Layout(chunk_size=1 << 20, stripe=2, table_id=1)
+    placed = [alloc.place(d) for _ in range(5)]
+    for p in placed:
+        assert p.table_version == 4 and p.stripe == 2 and len(set(p.chain_ids)) == 2
+    counts = {c: sum(list(p.chain_ids).count(c) for p in placed) for c in (10, 20, 30, 40, 50)}
+    assert set(counts.values()) == {2}  # 5 files x 2 chains spread evenly over 5 chains
+    wide = alloc.place(meta_pb2.Layout(chunk_size=1 << 20, stripe=9, table_id=1))
+    assert wide.stripe == 5 and sorted(wide.chain_ids) == [10, 20, 30, 40, 50]
+
+
+def test_placement_without_table() -> None:
+    p = ChainAllocator(NoChainTables()).place(meta_pb2.Layout(chunk_size=1 << 20, stripe=4, table_id=1))
+    assert not p.chain_ids and p.stripe == 4
+
+
+def test_validate_and_merge() -> None:
+    validate_layout(meta_pb2.Layout(chunk_size=1 << 20, stripe=1, table_id=1), partial=False)
+    validate_layout(meta_pb2.Layout(), partial=True)
+    for bad in (meta_pb2.Layout(chunk_size=3000), meta_pb2.Layout(chunk_size=1 << 31),
+                meta_pb2.Layout(stripe=100_000)):
+        with pytest.raises(FsError) as ei:
+            validate_layout(bad, partial=True)
+        assert ei.value.errno == errno.EINVAL
+    with pytest.raises(FsError):
+        validate_layout(meta_pb2.Layout(chunk_size=4096, stripe=1), partial=False)  # table 0
+    m = merge_layout(meta_pb2.Layout(chunk_size=4096, stripe=2, table_id=1, chain_ids=[5]),
+                     meta_pb2.Layout(stripe=8))
+    assert (m.chunk_size, m.stripe, m.table_id, list(m.chain_ids)) == (4096, 8, 1, [])

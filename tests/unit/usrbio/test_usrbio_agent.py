@@ -1,0 +1,419 @@
+"""USRBIO end to end without FUSE: the real agent (on trio and on asyncio) with a
+local-file backend, driven through the public API from this process.
+
+The "mount point" is a temporary directory; files are opened there and their
+inode numbers are what the agent hands to the backend, exactly as a FUSE mount
+hands fs3 inode numbers.
+"""
+
+from __future__ import annotations
+
+import errno
+import glob
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import anyio
+import pytest
+from anyio.from_thread import start_blocking_portal
+
+from fs3.errors import Code, FsError
+from fs3.transport.region import ShmRegion, buffer_address
+from fs3.usrbio import (
+    Ior,
+    Iov,
+    agent_socket_path,
+    dereg_fd,
+    prep_io,
+    reg_fd,
+    submit_ios,
+    wait_for_ios,
+)
+from fs3.usrbio.agent import UsrbioAgent
+
+
+class LocalFileBackend:
+    """Backend doing pread/pwrite on files of a directory, addressed by inode."""
+
+    def __init__(self, root: str, delay_s: float = 0.0) -> None:
+        self.root = root
+        self.delay_s = delay_s
+        self.attached: list[ShmRegion] = []
+        self.detached: list[str] = []
+        self.views_in_region = 0
+        self.refuse: set[int] = set()
+
+    def _fd(self, inode: int, flags: int) -> int:
+        for entry in os.scandir(self.root):
+            if entry.inode() == inode:
+                return os.open(entry.path, flags)
+        raise FsError(Code.POSIX, f"inode {inode} not found", errno=errno.ENOENT)
+
+    def _check_zero_copy(self, view: memoryview) -> None:
+        addr, n = buffer_address(view)
+        if any(r.contains(addr, n) for r in self.attached if not r.closed):
+            self.views_in_region += 1
+
+    async def authorize(self, inode: int, *, uid: int, gid: int, pid: int, write: bool) -> None:
+        if inode in self.refuse:
+            raise FsError(Code.POSIX, "no", errno=errno.EACCES)
+
+    async def attach_region(self, region: ShmRegion) -> None:
+        self.attached.append(region)
+
+    async def detach_region(self, region: ShmRegion) -> None:
+        self.detached.append(region.id)
+
+    async def read(self, inode: int, file_offset: int, dest: memoryview) -> int:
+        self._check_zero_copy(dest)
+        if self.delay_s:
+            await anyio.sleep(self.delay_s)
+        fd = self._fd(inode, os.O_RDONLY)
+        try:
+            return os.preadv(fd, [dest], file_offset)
+        finally:
+            os.close(fd)
+
+    async def write(self, inode: int, file_offset: int, src: memoryview) -> int:
+        self._check_zero_copy(src)
+        if self.delay_s:
+            await anyio.sleep(self.delay_s)
+        fd = self._fd(inode, os.O_WRONLY)
+        try:
+            return os.pwrite(fd, src, file_offset)
+        finally:
+            os.close(fd)
+
+
+class AgentEnv:
+    def __init__(self, mount: str, backend: LocalFileBackend, agent: UsrbioAgent) -> None:
+        self.mount = mount
+        self.backend = backend
+        self.agent = agent
+
+
+def _my_shm_files() -> set[str]:
+    return set(glob.glob(f"/dev/shm/fs3-io[rv]-{os.getpid()}-*"))
+
+
+@pytest.fixture(params=["trio", "asyncio"])
+def env(request: pytest.FixtureRequest) -> Iterator[AgentEnv]:
+    before = _my_shm_files()
+    with tempfile.TemporaryDirectory(prefix="fs3-usrbio-") as mount:
+        backend = LocalFileBackend(mount)
+        agent = UsrbioAgent(backend)
+        sock = agent_socket_path(mount)
+        with start_blocking_portal(request.param) as portal:
+            fut, _ = portal.start_task(agent.serve, sock)
+            try:
+                yield AgentEnv(mount, backend, agent)
+            finally:
+                fut.cancel()
+        assert not os.path.exists(sock)
+    assert _my_shm_files() - before == set(), "Iov/Ior shared memory left behind"
+
+
+def _until(cond: Callable[[], bool], limit_s: float = 5.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def _open(env: AgentEnv, name: str, size: int, flags: int = os.O_RDWR) -> int:
+    path = os.path.join(env.mount, name)
+    with open(path, "wb") as f:
+        f.truncate(size)
+    fd = os.open(path, flags)
+    reg_fd(fd)
+    return fd
+
+
+def _close(fd: int) -> None:
+    dereg_fd(fd)
+    os.close(fd)
+
+
+def _run_all(ior: Ior, ios: list[tuple[Iov, int, int, int, int]]) -> dict[int, int]:
+    """Push all ``(iov, off_in_iov, fd, file_off, length)`` through the ring, reaping when full."""
+    results: dict[int, int] = {}
+    i = 0
+    while i < len(ios) or ior.in_flight:
+        while i < len(ios):
+            iov, off, fd, foff, n = ios[i]
+            try:
+                prep_io(ior, iov, off, fd, foff, n, userdata=i)
+            except FsError as e:
+                assert e.code == Code.RING_FULL and e.errno == errno.EAGAIN
+                break
+            i += 1
+        submit_ios(ior)
+        for c in wait_for_ios(ior, max_results=64, min_results=1, timeout=10):
+            assert c.userdata not in results
+            results[c.userdata] = c.result
+    return results
+
+
+# --------------------------------------------------------------------------- round trips
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("io_depth,timeout", [(0, None), (4, 0.02), (-3, None)])
+def test_round_trip_many_ios_mixed_sizes(env: AgentEnv, io_depth: int, timeout: float | None) -> None:
+    rng = random.Random(42 + io_depth)
+    file_size = 4 << 20
+    fd = _open(env, "data.bin", file_size)
+    # non-overlapping pieces of mixed sizes covering the file in a random order
+    pieces: list[tuple[int, int]] = []
+    off = 0
+    while off < file_size:
+        n = min(rng.choice([1, 7, 512, 4096, 65536, 200_000, 1 << 20]), file_size - off)
+        pieces.append((off, n))
+        off += n
+    rng.shuffle(pieces)
+    expected = rng.randbytes(file_size)
+    with Iov(env.mount, 2 * file_size) as iov, Ior(env.mount, 32, for_read=False, io_depth=io_depth, timeout=timeout) as wr:
+        iov.buf[:file_size] = expected
+        res = _run_all(wr, [(iov, o, fd, o, n) for o, n in pieces])
+        assert [res[i] for i in range(len(pieces))] == [n for _, n in pieces]
+        assert os.pread(fd, file_size, 0) == expected
+        with Ior(env.mount, 16, for_read=True, io_depth=io_depth, timeout=timeout) as rd:
+            res = _run_all(rd, [(iov, file_size + o, fd, o, n) for o, n in pieces])
+            assert [res[i] for i in range(len(pieces))] == [n for _, n in pieces]
+        assert bytes(iov.buf[file_size:]) == expected
+    assert env.backend.views_in_region > 0  # the backend got views into the Iov itself
+    _until(lambda: env.agent.iov_count == 0 and env.agent.ring_count == 0)
+    assert len(env.backend.detached) == 1
+    _close(fd)
+
+
+@pytest.mark.timeout(30)
+def test_read_past_eof_is_short_and_numpy_wraps_iov(env: AgentEnv) -> None:
+    np = pytest.importorskip("numpy")
+    fd = _open(env, "short.bin", 0)
+    os.pwrite(fd, b"abc", 0)
+    with Iov(env.mount, 4096) as iov, Ior(env.mount, 4, for_read=True) as rd:
+        arr = np.frombuffer(iov.buf, dtype=np.uint8)
+        prep_io(rd, iov, 0, fd, 0, 100, "x")
+        prep_io(rd, iov, 100, fd, 1000, 100, "y")
+        submit_ios(rd)
+        got = {c.userdata: c.result for c in wait_for_ios(rd, 10, 2, timeout=10)}
+        assert got == {"x": 3, "y": 0}
+        assert bytes(arr[:3]) == b"abc"
+        del arr
+    _close(fd)
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.timeout(30)
+def test_bad_fds_ranges_and_full_ring(env: AgentEnv) -> None:
+    fd = _open(env, "f.bin", 8192)
+    ro = os.open(os.path.join(env.mount, "f.bin"), os.O_RDONLY)
+    reg_fd(ro)
+    other = tempfile.NamedTemporaryFile(dir="/dev/shm", prefix="fs3-test-other-")  # another device
+    reg_fd(other.fileno())
+    with Iov(env.mount, 8192) as iov, Ior(env.mount, 2, for_read=False) as wr:
+        with pytest.raises(FsError) as ei:
+            prep_io(wr, iov, 0, 9999, 0, 10)
+        assert ei.value.code == Code.BAD_FD and ei.value.errno == errno.EBADF
+        with pytest.raises(FsError) as ei:
+            prep_io(wr, iov, 0, other.fileno(), 0, 10)
+        assert ei.value.code == Code.BAD_FD
+        with pytest.raises(FsError) as ei:
+            prep_io(wr, iov, 0, ro, 0, 10)  # read-only fd on a write ring
+        assert ei.value.code == Code.BAD_FD
+        for off, n in ((8190, 3), (-1, 1), (0, 8193)):
+            with pytest.raises(FsError) as ei:
+                prep_io(wr, iov, off, fd, 0, n)
+            assert ei.value.code == Code.INVALID_ARGUMENT and ei.value.errno == errno.EINVAL
+        with pytest.raises(FsError) as ei:
+            prep_io(wr, iov, 0, fd, -5, 1)
+        assert ei.value.code == Code.INVALID_ARGUMENT
+        prep_io(wr, iov, 0, fd, 0, 10, 1)
+        prep_io(wr, iov, 10, fd, 10, 10, 2)
+        with pytest.raises(FsError) as ei:
+            prep_io(wr, iov, 20, fd, 20, 10, 3)
+        assert ei.value.code == Code.RING_FULL and ei.value.errno == errno.EAGAIN
+        assert wr.in_flight == 2
+        submit_ios(wr)
+        done = wait_for_ios(wr, 10, 2, timeout=10)
+        assert sorted(c.userdata for c in done) == [1, 2] and all(c.result == 10 for c in done)
+        prep_io(wr, iov, 20, fd, 20, 10, 3)  # space again
+        submit_ios(wr)
+        assert [c.result for c in wait_for_ios(wr, 10, 1, timeout=10)] == [10]
+        # nothing in flight: returns at once instead of waiting for min_results
+        assert wait_for_ios(wr, 10, 5, timeout=10) == []
+    with pytest.raises(FsError) as ei:
+        dereg_fd(12345)
+    assert ei.value.code == Code.BAD_FD
+    with pytest.raises(FsError) as ei:
+        reg_fd(123456)
+    assert ei.value.code == Code.BAD_FD
+    dereg_fd(ro)
+    os.close(ro)
+    dereg_fd(other.fileno())
+    other.close()
+    _close(fd)
+
+
+@pytest.mark.timeout(30)
+def test_per_io_errors_come_back_as_negative_errno(env: AgentEnv) -> None:
+    fd = _open(env, "gone.bin", 4096)
+    keep = _open(env, "keep.bin", 4096)
+    os.unlink(os.path.join(env.mount, "gone.bin"))  # backend cannot find the inode any more
+    env.backend.refuse.add(os.fstat(keep).st_ino)
+    with Iov(env.mount, 8192) as iov, Ior(env.mount, 8, for_read=True) as rd:
+        prep_io(rd, iov, 0, fd, 0, 100, "gone")
+        prep_io(rd, iov, 0, keep, 0, 100, "refused")
+        submit_ios(rd)
+        got = {c.userdata: c.result for c in wait_for_ios(rd, 10, 2, timeout=10)}
+        assert got == {"gone": -errno.ENOENT, "refused": -errno.EACCES}
+        # a forged ring entry (what a buggy or hostile app could write) is refused by the agent
+        from fs3.usrbio.ring import IoArgs
+
+        ring = rd._ring
+        ino = os.fstat(fd).st_ino
+        forged = [
+            IoArgs(iov.id.bytes, 8000, ino, 0, 500, 0),  # runs past the Iov
+            IoArgs(b"\0" * 16, 0, ino, 0, 10, 0),  # unknown buffer
+        ]
+        for i, a in enumerate(forged):
+            slot = rd._free.pop()
+            rd._userdata[slot] = f"forged{i}"
+            ring.write_args(slot, a)
+            assert ring.push_sqe(slot, slot)
+        ring.push_sqe(40000, 0)  # a slot index that does not exist: must not crash the agent
+        submit_ios(rd)
+        got = {c.userdata: c.result for c in wait_for_ios(rd, 10, 2, timeout=10)}
+        assert got == {"forged0": -errno.EINVAL, "forged1": -errno.EINVAL}
+        assert env.agent.iov_count == 1  # the agent is still fine
+    _close(fd)
+    _close(keep)
+
+
+@pytest.mark.timeout(10)
+def test_no_agent_is_a_clear_error() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        before = _my_shm_files()
+        with pytest.raises(FsError) as ei:
+            Iov(d, 4096)
+        assert ei.value.code == Code.UNAVAILABLE and ei.value.errno == errno.ENODEV
+        with pytest.raises(FsError):
+            Ior(d, 4, for_read=True)
+        assert _my_shm_files() == before
+    with pytest.raises(FsError) as ei:
+        Iov("/tmp", 0)
+    assert ei.value.code == Code.INVALID_ARGUMENT
+
+
+# --------------------------------------------------------------------------- crashes
+
+_APP = """
+import os, sys, time
+from fs3.usrbio import Iov, Ior, reg_fd, prep_io, submit_ios
+mount, path = sys.argv[1], sys.argv[2]
+iov = Iov(mount, 1 << 20)
+ior = Ior(mount, 16, for_read=True)
+fd = os.open(path, os.O_RDONLY); reg_fd(fd)
+for i in range(16):
+    prep_io(ior, iov, i * 4096, fd, 0, 4096, i)
+submit_ios(ior)
+print(iov.path, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(30)
+def test_crashed_application_is_reclaimed(env: AgentEnv) -> None:
+    env.backend.delay_s = 0.2  # I/Os are still in flight when the app dies
+    path = os.path.join(env.mount, "x.bin")
+    with open(path, "wb") as f:
+        f.write(b"y" * 4096)
+    p = subprocess.Popen([sys.executable, "-c", _APP, env.mount, path], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        iov_path = p.stdout.readline().strip()
+        assert iov_path
+        _until(lambda: env.agent.iov_count == 1 and env.agent.ring_count == 1)
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+        _until(lambda: env.agent.iov_count == 0 and env.agent.ring_count == 0)
+        _until(lambda: not glob.glob(f"/dev/shm/fs3-io[rv]-{p.pid}-*"))  # the agent removed its files
+        assert env.agent.stats["ios"] >= 1
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+        for leftover in glob.glob(f"/dev/shm/fs3-io[rv]-{p.pid}-*"):
+            os.unlink(leftover)
+
+
+_AGENT = """
+import sys, anyio, os
+from fs3.usrbio.agent import UsrbioAgent
+class Slow:
+    async def read(self, inode, off, dest):
+        await anyio.sleep(30)
+        return 0
+    async def write(self, inode, off, src):
+        await anyio.sleep(30)
+        return 0
+async def main():
+    async with anyio.create_task_group() as tg:
+        await tg.start(UsrbioAgent(Slow()).serve, sys.argv[1])
+        print("ready", flush=True)
+anyio.run(main, backend="trio")
+"""
+
+
+@pytest.mark.timeout(30)
+def test_crashed_agent_fails_wait_not_hang() -> None:
+    before = _my_shm_files()
+    with tempfile.TemporaryDirectory() as mount:
+        p = subprocess.Popen(
+            [sys.executable, "-c", _AGENT, agent_socket_path(mount)], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+            path = os.path.join(mount, "f")
+            with open(path, "wb") as f:
+                f.write(b"z" * 100)
+            fd = os.open(path, os.O_RDONLY)
+            reg_fd(fd)
+            with Iov(mount, 4096) as iov, Ior(mount, 4, for_read=True) as rd:
+                prep_io(rd, iov, 0, fd, 0, 100)
+                submit_ios(rd)
+                assert wait_for_ios(rd, 1, 1, timeout=0.2) == []  # still running
+                p.send_signal(signal.SIGKILL)
+                t0 = time.monotonic()
+                with pytest.raises(FsError) as ei:
+                    wait_for_ios(rd, 1, 1)  # no timeout: must still return
+                assert ei.value.code == Code.UNAVAILABLE and time.monotonic() - t0 < 5
+                with pytest.raises(FsError):
+                    submit_ios(rd)
+            with pytest.raises(FsError) as ei:
+                Iov(mount, 4096)
+            assert ei.value.code == Code.UNAVAILABLE
+            dereg_fd(fd)
+            os.close(fd)
+        finally:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+            sock = agent_socket_path(mount)
+            if os.path.exists(sock):
+                os.unlink(sock)  # the killed agent could not remove it
+    assert _my_shm_files() == before
+
+
+def _agent_in_thread(mount: str, backend: Any) -> Any:  # pragma: no cover - helper for manual runs
+    return start_blocking_portal("trio")
