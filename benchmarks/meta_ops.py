@@ -98,7 +98,8 @@ class Driver:
         async def lane() -> None:
             nonlocal done
             while queue:
-                done += await queue.pop()()
+                n = await queue.pop()()  # not `done += await ...`: that loses updates
+                done += n
 
         t0 = time.perf_counter()
         await asyncio.gather(*(lane() for _ in range(self.concurrency)))

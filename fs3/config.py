@@ -195,12 +195,14 @@ class ClientSection:
     retry_deadline_s: float = 60.0  # keep retrying transient errors this long
     rpc_timeout_s: float = 10.0
     io_depth: int = 16  # chunk requests in flight per file operation
+    readahead_chunks: int = 4  # Python API: chunks prefetched ahead of a sequential reader (0 = off)
     length_report_interval_s: float = 5.0  # long writers report file length this often
     routing_refresh_s: float = 2.0
 
     def validate(self) -> None:
         _check(self.retry_deadline_s > 0, "retry_deadline_s must be > 0")
         _check(self.io_depth >= 1, "io_depth must be >= 1")
+        _check(self.readahead_chunks >= 0, "readahead_chunks must be >= 0")
 
 
 @dataclass
@@ -349,8 +351,8 @@ def from_dict(cls: type[C], data: Mapping[str, Any], *, source: str = "<dict>", 
         raw = data.get(sec_name, {})
         if not isinstance(raw, Mapping):
             raise ConfigError(f"{source}: [{sec_name}] must be a table")
-        default_sec = [f for f in dataclasses.fields(cls) if f.name == sec_name][0]
-        sec = default_sec.default_factory()  # type: ignore[misc]
+        default_sec = [f for f in dataclasses.fields(cls) if f.name == sec_name][0]  # type: ignore[arg-type]
+        sec = default_sec.default_factory()  # type: ignore[misc,operator]
         sec_hints = typing.get_type_hints(sec_tp)
         for key in raw:
             if key not in sec_hints:

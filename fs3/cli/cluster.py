@@ -608,8 +608,12 @@ def service_command(role: str, config_path: str) -> list[str]:
     return [sys.executable, "-m", "fs3.cli.main", role, "--config", config_path]
 
 
-def mount_command(cluster_file: str, mountpoint: str) -> list[str]:
-    return [sys.executable, "-m", "fs3.cli.main", "mount", "--cluster", cluster_file, mountpoint, "--foreground"]
+def mount_command(cluster_file: str, config_path: str, mountpoint: str) -> list[str]:
+    """The FUSE daemon in the foreground (so its pid is the one recorded); mountpoint is argv[-2]."""
+    return [
+        sys.executable, "-m", "fs3.cli.main", "mount", "--cluster", cluster_file,
+        "--config", config_path, mountpoint, "--foreground",
+    ]
 
 
 # --------------------------------------------------------------------------- the launcher
@@ -741,19 +745,23 @@ class LocalCluster:
             Path(rec.config).write_text(text)
 
     def _fuse_record(self, st: ClusterState, mountpoint: str) -> ProcRecord:
-        env = {"FS3_TRANSPORT_KIND": st.spec.transport}
-        for sec, keys in _merge(LOCAL_SETTINGS["fuse"], st.spec.overrides.get("fuse", {})).items():
-            if sec in _section_names(fs3config.ClientConfig):
-                known = _key_names(fs3config.ClientConfig, sec)
-                for key, value in keys.items():
-                    if key in known:
-                        env[f"FS3_{sec.upper()}_{key.upper()}"] = _env_value(value)
+        """The FUSE daemon's record and config (a client config: cluster, transport, timings)."""
+        path = str(self.paths.config("fuse"))
+        settings = _merge(
+            {
+                "cluster": {"id": st.cluster_id, "cluster_file": st.cluster_file},
+                "transport": {"kind": st.spec.transport},
+                "log": {"file": ""},
+            },
+            st.spec.overrides.get("fuse", {}),
+        )
+        Path(path).write_text(render_config("fuse", settings, LOCAL_SETTINGS["fuse"], path))
         return ProcRecord(
             name="fuse",
             role="fuse",
-            command=mount_command(st.cluster_file, mountpoint),
+            command=mount_command(st.cluster_file, path, mountpoint),
             log=str(self.paths.log("fuse")),
-            env=env,
+            config=path,
         )
 
     # ----------------------------------------------------------------- starting
@@ -1249,14 +1257,6 @@ def _enum_name(value: int, prefix: str) -> str:
         return str(enum.Name(value)).removeprefix(prefix).lower()
     except ValueError:
         return str(value)
-
-
-def _env_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, list):
-        return ",".join(str(x) for x in v)
-    return str(v)
 
 
 def _spec_diff(old: ClusterSpec, new: ClusterSpec) -> str:

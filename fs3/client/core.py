@@ -157,6 +157,12 @@ class FileHandle:
     last_report: float = field(default_factory=time.monotonic)
     known_length: int = 0
     closed: bool = False
+    pending: list[_PendingWrite] = field(default_factory=list)
+    error: FsError | None = None
+    readahead: bool = False  # prefetch ahead of sequential reads (see AsyncClient.readinto)
+    ra: list[_Prefetch] = field(default_factory=list)
+    ra_next: int = -1
+    ra_seq: int = 0
 
     @property
     def writable(self) -> bool:
@@ -165,6 +171,24 @@ class FileHandle:
     @property
     def readable(self) -> bool:
         return (self.flags & os.O_ACCMODE) in (os.O_RDONLY, os.O_RDWR)
+
+
+@dataclass(eq=False)
+class _PendingWrite:
+    """A write-behind write in flight: its file range and task."""
+
+    start: int
+    end: int
+    task: asyncio.Task[int]
+
+
+@dataclass(eq=False)
+class _Prefetch:
+    """A read-ahead window: [start, start + len(result)) once the task is done."""
+
+    start: int
+    end: int
+    task: asyncio.Task[bytes]
 
 
 def _ts(ns: int) -> common_pb2.Timespec:
@@ -377,7 +401,8 @@ class AsyncClient:
             req.session_id = fh.session_id
         req.valid = valid
         if size is not None:
-            # Report what was written before so the truncate applies to a known length.
+            # Finish and report what was written before, so the truncate applies to a known length.
+            await self._wait_inode(inode)
             for h in self._handles_of(inode):
                 if h.dirty:
                     await self._report(h)
@@ -573,7 +598,11 @@ class AsyncClient:
         return bytes(buf)
 
     async def readinto(self, fh: FileHandle, offset: int, buf: memoryview | bytearray) -> int:
-        """Read into ``buf`` at file ``offset``; returns bytes read."""
+        """Read into ``buf`` at file ``offset``; returns bytes read.
+
+        Waits for this client's write-behind writes to the inode first, so a
+        read always sees every write that returned before it.
+        """
         self._check_open(fh)
         if not fh.readable:
             raise posix(_errno.EBADF, "file not open for reading")
@@ -582,16 +611,97 @@ class AsyncClient:
         want = len(buf)
         if want == 0:
             return 0
+        await self._wait_inode(fh.inode, offset, offset + want)
         length = self._length(fh)
         if offset + want > length:
             # The cached length may be stale (another writer reported more).
             length = await self._refresh_length(fh)
         if offset >= length:
             return 0
-        return await self.storage.read(fh.inode, fh.chains, fh.chunk_size, offset, buf, length)
+        if not fh.readahead:
+            return await self.storage.read(fh.inode, fh.chains, fh.chunk_size, offset, buf, length)
+        sequential = offset == fh.ra_next
+        fh.ra_seq = fh.ra_seq + 1 if sequential else 0
+        n = await self._read_prefetched(fh, offset, buf, length)
+        if n is None:
+            n = await self.storage.read(fh.inode, fh.chains, fh.chunk_size, offset, buf, length)
+        fh.ra_next = offset + n
+        if fh.ra_seq >= 1:
+            self._prefetch(fh, fh.ra_next, length)
+        return n
 
-    async def write(self, fh: FileHandle, offset: int, data: bytes | bytearray | memoryview) -> int:
-        """Write ``data`` at ``offset``; returns after every chunk is committed on its chain."""
+    async def _read_prefetched(self, fh: FileHandle, offset: int, buf: memoryview | bytearray, length: int) -> int | None:
+        """Serve a read from read-ahead windows if they cover it; None otherwise."""
+        end = min(offset + len(buf), length)
+        # Windows before the read are done with; a read elsewhere drops all of them.
+        keep = [w for w in fh.ra if w.end > offset]
+        for w in fh.ra:
+            if w not in keep:
+                w.task.cancel()
+        fh.ra = keep
+        cover = [w for w in fh.ra if w.start < end and w.end > offset]
+        if not cover or cover[0].start > offset:
+            self._drop_prefetch(fh)
+            return None
+        mv = memoryview(buf).cast("B")
+        pos = offset
+        for w in cover:
+            if w.start > pos:
+                return None
+            try:
+                data = await w.task
+            except (FsError, asyncio.CancelledError):
+                self._drop_prefetch(fh)
+                return None
+            avail = w.start + len(data)
+            take = min(end, avail) - pos
+            if take <= 0:
+                break
+            mv[pos - offset : pos - offset + take] = memoryview(data)[pos - w.start : pos - w.start + take]
+            pos += take
+            if pos >= end or avail < w.end:
+                break
+        if pos < end:
+            return None if pos == offset else pos - offset
+        return end - offset
+
+    def _prefetch(self, fh: FileHandle, start: int, length: int) -> None:
+        """Start read-ahead windows (chunk-aligned) covering the next ``readahead_chunks`` chunks."""
+        if any(h.pending for h in self._handles_of(fh.inode)):
+            return  # a window could read bytes a write in flight is replacing
+        cs = fh.chunk_size
+        limit = min(length, start + self.config.client.readahead_chunks * cs)
+        pos = max([w.end for w in fh.ra] + [start])
+        while pos < limit:
+            wend = min((pos // cs + 1) * cs, length)
+            fh.ra.append(_Prefetch(pos, wend, asyncio.create_task(self._read_window(fh, pos, wend, length))))
+            pos = wend
+
+    async def _read_window(self, fh: FileHandle, start: int, end: int, length: int) -> bytes:
+        buf = bytearray(end - start)
+        n = await self.storage.read(fh.inode, fh.chains, fh.chunk_size, start, buf, length)
+        del buf[n:]
+        return bytes(buf)
+
+    def _drop_prefetch(self, fh: FileHandle) -> None:
+        for w in fh.ra:
+            w.task.cancel()
+            w.task.add_done_callback(_consume)
+        fh.ra = []
+
+    async def write(
+        self, fh: FileHandle, offset: int, data: bytes | bytearray | memoryview, *, behind: bool = False
+    ) -> int:
+        """Write ``data`` at ``offset``.
+
+        ``behind=False``: returns after every chunk piece is committed on its chain.
+        ``behind=True`` (write-behind, like a page cache): copies ``data`` and
+        returns once the write is *started*; up to ``io_depth`` such writes per
+        handle run in parallel (overlapping ranges stay in order). Reads,
+        truncates, flush, fsync and release wait for them; a failure is raised
+        by the next write/flush/fsync/release of the handle (like a deferred
+        writeback error).
+        """
         self._check_open(fh)
         if not fh.writable:
             raise posix(_errno.EBADF, "file not open for writing")
@@ -604,37 +714,109 @@ class AsyncClient:
             raise FsError(Code.INTERNAL, f"inode {fh.inode} has no chains in its layout")
         if offset + n > layout_of(fh.attr).max_file_size():
             raise posix(_errno.EFBIG)
-        await self.storage.write(fh.inode, fh.chains, fh.chunk_size, offset, data)
         end = offset + n
+        self._raise_deferred(fh)
+        await self._wait_inode(fh.inode, offset, end)  # keep overlapping writes in order
+        if not behind:
+            await self.storage.write(fh.inode, fh.chains, fh.chunk_size, offset, data)
+            self._written(fh, end)
+            return n
+        payload = bytes(data)  # the caller may reuse its buffer once we return
+        while len(fh.pending) >= self.storage.io_depth:
+            await asyncio.wait([p.task for p in fh.pending], return_when=asyncio.FIRST_COMPLETED)
+        self._raise_deferred(fh)
+        task = asyncio.create_task(self.storage.write(fh.inode, fh.chains, fh.chunk_size, offset, payload))
+        pw = _PendingWrite(offset, end, task)
+        fh.pending.append(pw)
+        task.add_done_callback(lambda t: self._write_done(fh, pw, t))
+        self._written(fh, end)
+        return n
+
+    def _written(self, fh: FileHandle, end: int) -> None:
         for h in self._handles_of(fh.inode):
             h.known_length = max(h.known_length, end)
+            if h.ra:
+                self._drop_prefetch(h)  # read-ahead may hold bytes this write replaced
         if end > fh.written_end:
             fh.written_end = end
         fh.dirty = True
-        return n
+
+    def _write_done(self, fh: FileHandle, pw: _PendingWrite, t: asyncio.Task[int]) -> None:
+        with contextlib.suppress(ValueError):
+            fh.pending.remove(pw)
+        if fh.error is not None:
+            return
+        if t.cancelled():
+            fh.error = FsError(Code.CANCELLED, f"write of inode {fh.inode} at {pw.start} was cancelled")
+            return
+        exc = t.exception()
+        if isinstance(exc, FsError):
+            fh.error = exc
+        elif exc is not None:
+            fh.error = FsError(Code.INTERNAL, f"write of inode {fh.inode} at {pw.start} failed: {exc!r}")
+
+    def _raise_deferred(self, fh: FileHandle) -> None:
+        err, fh.error = fh.error, None
+        if err is not None:
+            raise err
+
+    async def _wait_inode(self, inode: int, start: int = 0, end: int | None = None) -> None:
+        """Wait for write-behind writes to ``inode`` overlapping [start, end) (all if end is None)."""
+        while True:
+            tasks = [
+                p.task
+                for h in self._handles_of(inode)
+                for p in h.pending
+                if end is None or (p.start < end and start < p.end)
+            ]
+            if not tasks:
+                return
+            await asyncio.wait(tasks)
+
+    async def drain(self, fh: FileHandle) -> None:
+        """Wait until every write-behind write of ``fh`` finished; raise the first failure."""
+        if fh.pending:
+            await asyncio.wait([p.task for p in fh.pending])
+        self._raise_deferred(fh)
 
     async def flush(self, fh: FileHandle) -> None:
-        """Report this handle's length to meta if it wrote since the last report."""
+        """Finish write-behind writes and report this handle's length to meta if it wrote.
+
+        (FUSE ``flush``, called on every close(2) of a descriptor.)
+        """
         self._check_open(fh)
+        await self.drain(fh)
         if fh.dirty:
             await self._report(fh)
 
     async def fsync(self, fh: FileHandle, datasync: bool = False) -> None:
-        """Make written data and the file length durable (data is committed already)."""
+        """Make written data and the file length durable (returns after both)."""
         self._check_open(fh)
+        await self.drain(fh)
         if fh.writable:
             await self._report(fh)
 
     async def release(self, fh: FileHandle) -> None:
-        """Close the handle: a writer's final length goes to meta with the session close."""
+        """Close the handle: a writer's final length goes to meta with the session close.
+
+        A write-behind failure is raised after the session is closed.
+        """
         if fh.closed:
             return
+        self._drop_prefetch(fh)
+        err: FsError | None = None
         try:
+            try:
+                await self.drain(fh)
+            except FsError as e:
+                err = e
             if fh.session_id:
                 await self._close_session(fh, with_hint=True)
         finally:
             fh.closed = True
             self._handles.pop(fh.fh, None)
+        if err is not None:
+            raise err
 
     async def file_length(self, fh: FileHandle) -> int:
         """Current length as this client knows it (meta's, raised by local writes)."""
@@ -656,7 +838,7 @@ class AsyncClient:
             raise posix(_errno.ENOENT, "empty path")
         parent, last = await self._walk(caller, p, base, 0)
         if last is None:
-            return parent
+            return await self.getattr(caller, parent.inode) if parent.nlink == 0 else parent
         return await self._step(caller, parent, last, follow, p.endswith(b"/"), [0])
 
     async def resolve_parent(
@@ -672,12 +854,18 @@ class AsyncClient:
             raise posix(_errno.ENOENT, "empty path")
         parent, last = await self._walk(caller, p, base, 0)
         if last is None:
-            return parent, b"."
+            return (await self.getattr(caller, parent.inode) if parent.nlink == 0 else parent), b"."
         return parent, last
 
     async def _walk(self, caller: Caller, p: bytes, base: int, depth: int) -> tuple[meta_pb2.Attr, bytes | None]:
-        """Resolve every component but the last; returns (dir attr, last name or None)."""
-        cur = await self.getattr(caller, ROOT_INODE if p.startswith(b"/") else base)
+        """Resolve every component but the last; returns (dir attr, last name or None).
+
+        The starting directory is not fetched (a lookup below it fails with the
+        right errno anyway); it is a placeholder with ``nlink == 0`` that callers
+        replace with real attributes when the path names it.
+        """
+        start = ROOT_INODE if p.startswith(b"/") else base
+        cur = meta_pb2.Attr(inode=start, mode=_stat.S_IFDIR)
         parts = [c for c in p.split(b"/") if c]
         if not parts:
             return cur, None
@@ -703,7 +891,7 @@ class AsyncClient:
                 raise posix(_errno.ENOENT)
             dir_attr, last = await self._walk(caller, target, cur.inode, counter[0])
             if last is None:
-                attr = dir_attr
+                attr = await self.getattr(caller, dir_attr.inode) if dir_attr.nlink == 0 else dir_attr
             else:
                 attr = await self._step(caller, dir_attr, last, True, must_be_dir or target.endswith(b"/"), counter)
         if must_be_dir and not _stat.S_ISDIR(attr.mode):
@@ -763,15 +951,22 @@ class AsyncClient:
 
     def _after_truncate(self, attr: meta_pb2.Attr) -> None:
         for h in self._handles_of(int(attr.inode)):
+            self._drop_prefetch(h)
             h.truncate_version = int(attr.truncate_version)
             h.written_end = 0
             h.known_length = int(attr.size)
             h.dirty = False
 
     def _hint(self, fh: FileHandle, req: Any) -> None:
-        if fh.written_end:
+        # Never announce a length covering a write still in flight (a reader
+        # would see zeros there): with writes pending, report only up to the
+        # first pending byte.
+        end = fh.written_end
+        if fh.pending:
+            end = min(end, min(p.start for p in fh.pending))
+        if end:
             req.has_length_hint = True
-            req.length_hint = fh.written_end
+            req.length_hint = end
             req.truncate_version = fh.truncate_version
 
     async def _report(self, fh: FileHandle) -> None:
@@ -808,6 +1003,12 @@ class AsyncClient:
                         await self._report(h)
                     except FsError as e:
                         log.warning("periodic length report of inode %d failed: %s", h.inode, e)
+
+
+def _consume(t: asyncio.Task[Any]) -> None:
+    """Retrieve a dropped task's outcome so asyncio does not log it as never retrieved."""
+    if not t.cancelled():
+        t.exception()
 
 
 def make_transport(kind: str, client_id: str, config: _config.TransportSection | None = None) -> ClientTransport:

@@ -632,6 +632,7 @@ class RawFile(io.RawIOBase):
         self._append = append
         self._pos = 0
         self._blksize = int(handle.attr.blksize) or handle.chunk_size
+        handle.readahead = handle.readable and client.core.config.client.readahead_chunks > 0
         if append:
             self._pos = self._run(client.core.file_length(handle))
 
@@ -693,9 +694,16 @@ class RawFile(io.RawIOBase):
         mv = memoryview(b).cast("B")
         if self._append:
             self._pos = self._run(self._client.core.file_length(self._h))
-        n = self._run(self._client.core.write(self._h, self._pos, mv))
+        n = self._run(self._client.core.write(self._h, self._pos, mv, behind=True))
         self._pos += n
         return n
+
+    def flush(self) -> None:
+        """Wait for write-behind writes (their failures surface here)."""
+        if self.closed or self._client._closed:
+            return
+        if self._h.pending or self._h.error is not None:
+            self._run(self._client.core.drain(self._h))
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         self._checkClosed()
@@ -753,6 +761,11 @@ class RawFile(io.RawIOBase):
 
 
 class _FsyncMixin:
+    def flush(self) -> None:
+        """Write the buffer out and wait for write-behind writes (built-in flush semantics)."""
+        super().flush()  # type: ignore[misc]
+        self.raw.flush()  # type: ignore[attr-defined]
+
     def fsync(self) -> None:
         """Flush the buffer and make data and length durable."""
         self.flush()  # type: ignore[attr-defined]

@@ -32,6 +32,10 @@ log = logging.getLogger("fs3.client.mgmtd")
 
 T = TypeVar("T")
 
+# Longest pause between retry rounds. A failover takes about one lease length;
+# a short cap means callers notice the new leader within ~this of it taking over.
+MAX_BACKOFF_S = 0.4
+
 # Codes after which another address (or the same one, later) may succeed.
 _TRY_ELSEWHERE = frozenset({Code.UNAVAILABLE, Code.TIMEOUT, Code.CANCELLED})
 
@@ -183,7 +187,7 @@ class MgmtdClient:
             finally:
                 stream.cancel()
             await asyncio.sleep(delay * (0.5 + self._rng.random()))
-            delay = min(delay * 2, 1.0)
+            delay = min(delay * 2, MAX_BACKOFF_S)
 
     async def create_chain_table(
         self,
@@ -276,7 +280,7 @@ class MgmtdClient:
                 raise last
             raise FsError(Code.UNAVAILABLE, "no mgmtd answered")
         await asyncio.sleep(delay * (0.5 + self._rng.random()))
-        return min(delay * 2, 1.0)
+        return min(delay * 2, MAX_BACKOFF_S)
 
     async def _call(self, method: str, req: Any) -> Any:
         """Call ``method`` on the leader: follow redirects, try every address, back off."""

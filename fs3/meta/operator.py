@@ -122,6 +122,10 @@ class MetaOperator:
         rid = getattr(req, "request_id", "")
         if len(rid) > S.REQUEST_ID_MAX:
             raise invalid(f"request_id longer than {S.REQUEST_ID_MAX} characters")
+        if len(getattr(req, "client_id", "")) > S.REQUEST_ID_MAX:
+            raise invalid(f"client_id longer than {S.REQUEST_ID_MAX} characters")
+        if len(getattr(req, "session_id", "")) > S.REQUEST_ID_MAX:
+            raise invalid(f"session_id longer than {S.REQUEST_ID_MAX} characters")
 
     def _read(self, op: Op, req: Any, cls: type[Message]) -> Any:
         self._check_request(req, cls)

@@ -9,11 +9,19 @@ context is typed ``Any``: servicers never touch grpc directly.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
+from prometheus_client import Counter, Histogram
+
+from fs3.errors import FsError
 from fs3.meta.operator import MetaOperator
 from fs3.proto import common_pb2, meta_pb2, meta_pb2_grpc
+
+REQUESTS = Counter("fs3_meta_requests_total", "meta requests by operator method and outcome",
+                   ["method", "outcome"])
+LATENCY = Histogram("fs3_meta_request_seconds", "meta request latency by operator method", ["method"])
 
 
 class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
@@ -23,7 +31,20 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         self.op = op
 
     async def _run(self, fn: Callable[[Any], Any], request: Any) -> Any:
-        return await asyncio.to_thread(fn, request)
+        name = getattr(fn, "__name__", "op")
+        t0 = time.perf_counter()
+        outcome = "ok"
+        try:
+            return await asyncio.to_thread(fn, request)
+        except FsError as e:
+            outcome = e.code.name.lower() if e.code.name != "POSIX" else f"errno_{e.errno}"
+            raise
+        except Exception:
+            outcome = "internal"
+            raise
+        finally:
+            REQUESTS.labels(name, outcome).inc()
+            LATENCY.labels(name).observe(time.perf_counter() - t0)
 
     async def StatFs(self, request: meta_pb2.StatFsRequest, context: Any) -> meta_pb2.StatFsResponse:
         return await self._run(self.op.statfs, request)  # type: ignore[no-any-return]

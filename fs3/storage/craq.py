@@ -43,6 +43,7 @@ from fs3.rpc.channel import ChannelPool, call
 from fs3.storage import metrics as M
 from fs3.storage.chunk_engine import MAX_CHUNK_SIZE, ChunkKey, ChunkMeta, PendingUpdate, crc32c
 from fs3.storage.target import L_OFFLINE, StorageTarget, TargetMap
+from fs3.transport.base import ClientTransport
 
 log = logging.getLogger("fs3.storage.craq")
 
@@ -183,6 +184,7 @@ class Replicator:
         peers: stubs of other storage nodes.
         executor: thread pool for blocking engine calls.
         refresh_routing: ask the node to fetch routing now (stale version seen).
+        forward: client transport for payloads sent to successors (None: inline).
     """
 
     def __init__(
@@ -193,6 +195,7 @@ class Replicator:
         peers: Peers,
         executor: ThreadPoolExecutor,
         refresh_routing: Callable[[], None],
+        forward: ClientTransport | None = None,
     ) -> None:
         self.targets = targets
         self.cfg = cfg
@@ -200,6 +203,7 @@ class Replicator:
         self.peers = peers
         self.executor = executor
         self.refresh_routing = refresh_routing
+        self.forward = forward
         self.channels = UpdateChannels()
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
@@ -414,6 +418,7 @@ class Replicator:
             chain_id=t.chain_id, chain_version=t.chain_version, update_ver=p.update_ver,
         )
         fio.chunk.inode, fio.chunk.index = p.key.inode, p.key.index
+        payload: bytes | bytearray | memoryview | None = None
         if p.remove:
             fio.type = REMOVE
         elif syncing or full or io is None:
@@ -422,18 +427,37 @@ class Replicator:
             fio.offset, fio.length = 0, len(content)
             fio.chunk_size = max(io.chunk_size if io is not None else 0, len(content), 1)
             fio.checksum = crc32c(content)
-            fio.data.inline = bytes(content)
             fio.full_chunk = True
+            payload = content
         else:
             fio.type, fio.offset, fio.length, fio.chunk_size = io.type, io.offset, io.length, io.chunk_size
             fio.checksum = io.checksum
             if io.type == WRITE:
-                fio.data.inline = bytes(data)
+                payload = data
+        return await self.send_update(
+            node.address, node.data_address, fio, payload, is_syncing=syncing, from_target=t.target_id,
+            to_target=succ,
+        )
+
+    async def send_update(
+        self, address: str, data_address: str, fio: storage_pb2.UpdateIO,
+        payload: bytes | bytearray | memoryview | None, *, is_syncing: bool, from_target: int, to_target: int,
+    ) -> storage_pb2.IOResult:
+        """One ``Update`` RPC to a successor, the payload through the forwarding transport."""
+        sent: Awaitable[None] | None = None
+        if payload is not None:
+            if self.forward is not None:
+                ref, sent = await self.forward.write_ref(address, data_address, memoryview(payload))
+                fio.data.CopyFrom(ref)
+            else:
+                fio.data.inline = bytes(payload)
         req = storage_pb2.UpdateRequest(
-            io=fio, is_syncing=syncing, from_target_id=t.target_id, to_target_id=succ,
+            io=fio, is_syncing=is_syncing, from_target_id=from_target, to_target_id=to_target,
         )
         resp = await call(
-            self.peers.stub(node.address).Update, req, timeout=self.cfg.forward_timeout_s,
-            what=f"Update@target{succ}",
+            self.peers.stub(address).Update, req, timeout=self.cfg.forward_timeout_s,
+            what=f"Update@target{to_target}",
         )
+        if sent is not None:
+            await sent
         return resp.result

@@ -169,12 +169,10 @@ class ResyncManager:
                 io.checksum = meta.checksum
                 io.update_ver = meta.commit_ver
                 io.full_chunk = True
-                io.data.inline = bytes(data)
-            req = storage_pb2.UpdateRequest(io=io, is_syncing=True, from_target_id=t.target_id, to_target_id=succ)
-            resp = await call(
-                self.rep.peers.stub(node.address).Update, req, timeout=self.rep.cfg.forward_timeout_s,
-                what=f"SyncUpdate@target{succ}",
+            result = await self.rep.send_update(
+                node.address, node.data_address, io, data if io.type == WRITE else None, is_syncing=True,
+                from_target=t.target_id, to_target=succ,
             )
-            if meta is not None and resp.result.checksum != meta.checksum:
+            if meta is not None and result.checksum != meta.checksum:
                 raise FsError(Code.CHECKSUM_MISMATCH, f"sync of chunk {k}: receiver checksum differs")
             M.SYNC_CHUNKS.labels(str(t.target_id), "remove" if io.type == REMOVE else "write").inc()

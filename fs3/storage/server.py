@@ -44,6 +44,7 @@ from fs3.storage.operator import StorageOperator
 from fs3.storage.resync import ResyncManager
 from fs3.storage.service import StorageServicer
 from fs3.storage.target import StorageTarget, TargetMap
+from fs3.transport import ClientTransport, client_transport
 
 log = logging.getLogger("fs3.storage")
 
@@ -110,7 +111,12 @@ class StorageNode:
         self.peers = Peers()
         self._refresh = asyncio.Event()
         self._hb_now = asyncio.Event()
-        self.rep = Replicator(self.targets, cfg.storage, self.payload, self.peers, self.executor, self._refresh.set)
+        self.forward: ClientTransport | None = None
+        if cfg.transport.kind != "grpc" and self._transport is not None:
+            self.forward = client_transport(cfg.transport.kind, f"storage-{self.node_id}-fwd", cfg.transport)
+        self.rep = Replicator(
+            self.targets, cfg.storage, self.payload, self.peers, self.executor, self._refresh.set, self.forward
+        )
         self.op = StorageOperator(self.node_id, self.targets, self.rep, self._report_error, self._hb_now.set)
         self.resync = ResyncManager(self.targets, self.rep)
         self._server = create_server()
@@ -156,6 +162,9 @@ class StorageNode:
         if self._transport is not None:
             with contextlib.suppress(Exception):
                 await self._transport.stop()
+        if self.forward is not None:
+            with contextlib.suppress(Exception):
+                await self.forward.close()
         await self.peers.close()
         self.executor.shutdown(wait=True)
         for t in self.targets.targets.values():

@@ -168,6 +168,13 @@ class ProcessCluster:
         """SIGKILL ``name`` (like a crash)."""
         self.launcher.kill(name)
 
+    def kill_all(self) -> list[str]:
+        """SIGKILL every running process (a whole-host crash); returns their names."""
+        names = [p.name for p in self._state().processes if is_alive(p)]
+        for name in names:
+            self.launcher.kill(name)
+        return names
+
     def restart(self, name: str, timeout_s: float = 60.0) -> None:
         """Start ``name`` again with the same config (stopping it first if running; fuse: remount)."""
         self.launcher.restart(name, timeout_s=timeout_s)

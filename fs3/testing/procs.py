@@ -92,3 +92,88 @@ def stop(proc: Proc, timeout_s: float = 10.0) -> int:
         except subprocess.TimeoutExpired:
             kill(proc)
     return int(proc.popen.returncode)
+
+
+class MiniCluster:
+    """One ``fs3 mgmtd`` and ``nodes`` ``fs3 storage`` processes on 127.0.0.1 (one target each).
+
+    Short timers (heartbeat 0.2 s, failure detection 1.5 s) so failures settle in
+    seconds. Storage process ``i`` (0-based) is named ``storage-{i+1}``, has node id
+    ``10001+i`` and target id ``(i+1)*100+1``. No chain table is created: call
+    ``MgmtdClient.create_chain_table`` once the targets registered.
+    """
+
+    def __init__(self, root: Path, *, nodes: int = 3, transport: str = "grpc", fsync: bool = True) -> None:
+        from fs3.testing.storage_cluster import free_port
+
+        self.root = root
+        self.nodes = nodes
+        self.transport = transport
+        self.fsync = fsync
+        self.cluster_file = root / "cluster"
+        self.mgmtd_port = free_port()
+        root.mkdir(parents=True, exist_ok=True)
+        self.cluster_file.write_text(f"fs3@127.0.0.1:{self.mgmtd_port}\n")
+        self.running: dict[str, Proc] = {}
+
+    def mgmtd_config(self) -> Any:
+        from fs3.config import ClusterSection, KvSection, MgmtdConfig, MgmtdSection, NodeSection
+
+        return MgmtdConfig(
+            node=NodeSection(id=1, port=self.mgmtd_port),
+            cluster=ClusterSection(cluster_file=str(self.cluster_file)),
+            kv=KvSection(url=f"sqlite:///{self.root}/kv.db"),
+            mgmtd=MgmtdSection(
+                lease_length_s=10.0, lease_renew_interval_s=1.0, lease_safety_margin_s=2.0,
+                heartbeat_interval_s=0.2, heartbeat_timeout_s=1.5, check_interval_s=0.1,
+            ),
+        )
+
+    def storage_config(self, i: int) -> Any:
+        from fs3.config import (
+            ClusterSection,
+            NodeSection,
+            StorageConfig,
+            StorageSection,
+            TransportSection,
+        )
+
+        return StorageConfig(
+            node=NodeSection(id=10001 + i, data_dir=str(self.root / f"storage-{i + 1}"), name=f"storage-{i + 1}"),
+            cluster=ClusterSection(cluster_file=str(self.cluster_file)),
+            storage=StorageSection(
+                target_ids=[(i + 1) * 100 + 1], fsync=self.fsync, forward_timeout_s=5.0, forward_retry_s=30.0,
+                heartbeat_interval_s=0.2, routing_refresh_s=0.2,
+            ),
+            transport=TransportSection(kind=self.transport),
+        )
+
+    def start(self) -> MiniCluster:
+        self.running["mgmtd-1"] = start("mgmtd", self.mgmtd_config(), self.root, "mgmtd-1")
+        for i in range(self.nodes):
+            self.start_storage(i)
+        return self
+
+    def start_storage(self, i: int) -> Proc:
+        name = f"storage-{i + 1}"
+        p = self.running[name] = start("storage", self.storage_config(i), self.root, name)
+        return p
+
+    def kill(self, name: str) -> None:
+        kill(self.running.pop(name))
+
+    def close(self) -> None:
+        for name in [n for n in self.running if n != "mgmtd-1"] + ["mgmtd-1"]:
+            p = self.running.pop(name, None)
+            if p is not None:
+                stop(p)
+
+    def __enter__(self) -> MiniCluster:
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -27,6 +27,7 @@ from fs3.config import (
     NodeSection,
     StorageConfig,
     StorageSection,
+    TransportSection,
 )
 from fs3.errors import Code, FsError
 from fs3.storage.server import StorageNode
@@ -47,6 +48,7 @@ class InProcessCluster:
         replicas: replicas per chain (chain table 1 is created by :meth:`start`).
         fsync: chunk engine fsync (off by default: tests run on tmp dirs).
         heartbeat_timeout_s: how fast mgmtd declares a silent node offline.
+        transport: the nodes' ``[transport] kind`` (used for forwarding to successors).
     """
 
     def __init__(
@@ -60,6 +62,7 @@ class InProcessCluster:
         heartbeat_timeout_s: float = 1.5,
         forward_retry_s: float = 20.0,
         create_table: bool = True,
+        transport: str = "grpc",
     ) -> None:
         self.root = root
         self.n = nodes
@@ -69,8 +72,10 @@ class InProcessCluster:
         self.hb_timeout = heartbeat_timeout_s
         self.forward_retry_s = forward_retry_s
         self.create_table = create_table
+        self.transport = transport
         self.mgmtd_port = free_port()
         self.cluster_file = str(root / "cluster")
+        Path(self.cluster_file).write_text(f"fs3@127.0.0.1:{self.mgmtd_port}\n")
         self.nodes: dict[int, StorageNode] = {}
         self._links: dict[int, MgmtdClient] = {}
         self._mgmtd_stop = asyncio.Event()
@@ -90,12 +95,12 @@ class InProcessCluster:
                 fsync=self.fsync, forward_timeout_s=2.0, forward_retry_s=self.forward_retry_s,
                 heartbeat_interval_s=self.hb, routing_refresh_s=self.hb,
             ),
+            transport=TransportSection(kind=self.transport),
         )
 
     async def start(self) -> None:
         from fs3.mgmtd.server import serve as mgmtd_serve
 
-        Path(self.cluster_file).write_text(f"fs3@127.0.0.1:{self.mgmtd_port}\n")
         mcfg = MgmtdConfig(
             node=NodeSection(id=1, host="127.0.0.1", port=self.mgmtd_port),
             cluster=ClusterSection(id="fs3", cluster_file=self.cluster_file),
@@ -156,8 +161,8 @@ class InProcessCluster:
         assert info is not None
         return Routing(info)
 
-    async def wait(self, pred: Callable[[Routing], bool], *, timeout: float = 20.0, what: str = "") -> Routing:
-        deadline = time.monotonic() + timeout
+    async def wait(self, pred: Callable[[Routing], bool], *, timeout_s: float = 20.0, what: str = "") -> Routing:
+        deadline = time.monotonic() + timeout_s
         while True:
             r = await self.routing()
             if pred(r):
@@ -166,16 +171,16 @@ class InProcessCluster:
                 raise FsError(Code.TIMEOUT, f"timed out waiting for {what or pred}: {r.chains()}")
             await asyncio.sleep(0.05)
 
-    async def wait_all_serving(self, timeout: float = 30.0) -> Routing:
+    async def wait_all_serving(self, timeout_s: float = 30.0) -> Routing:
         def ok(r: Routing) -> bool:
             chains = r.chains()
             return bool(chains) and all(
                 len(c.targets) == self.replicas and all(t.public_state == SERVING for t in c.targets) for c in chains
             )
 
-        r = await self.wait(ok, timeout=timeout, what="all targets serving")
+        r = await self.wait(ok, timeout_s=timeout_s, what="all targets serving")
         # and every node has adopted it
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout_s
         while any(n.targets.routing.version < r.version for n in self.nodes.values()):
             if time.monotonic() > deadline:
                 raise FsError(Code.TIMEOUT, "nodes did not adopt the routing")

@@ -131,8 +131,18 @@ class ClientTransport(abc.ABC):
     ) -> tuple[transport_pb2.DataRef, ReadCompletion]:
         """Describe ``dest`` (writable) for a read RPC; ``complete(n)`` waits for n bytes in it."""
 
+    @property
+    def regions(self) -> list[ShmRegion]:
+        """Shared-memory regions whose buffers travel without copies (shm only)."""
+        return []
+
     async def register_region(self, region: ShmRegion) -> str:
-        """Make buffers inside ``region`` usable without copies (shm); others: no-op."""
+        """Make buffers inside ``region`` usable without copies (shm); others: no-op.
+
+        A region (not an arbitrary buffer) because the server maps it by path:
+        create one with ``ShmRegion.create(size)`` (USRBIO Iovs already are).
+        Returns the region id.
+        """
         return region.id
 
     async def unregister_region(self, region: ShmRegion) -> None:

@@ -298,7 +298,10 @@ class _Staging:
         waiters, self._waiters = self._waiters, []
         for w in waiters:
             if not w.done():
-                w.get_loop().call_soon_threadsafe(_set_none, w)
+                try:  # may run from a GC finalizer, outside the loop's thread or after it closed
+                    w.get_loop().call_soon_threadsafe(_set_none, w)
+                except RuntimeError:
+                    pass
 
 
 def _set_none(fut: asyncio.Future[None]) -> None:

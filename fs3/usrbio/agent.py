@@ -210,7 +210,11 @@ class UsrbioAgent:
         try:
             hook = getattr(self.backend, "attach_region", None)
             if hook is not None:
-                await hook(region)
+                try:
+                    await hook(region)
+                except Exception as e:
+                    log.exception("usrbio attach_region failed")
+                    raise _RefusedError(_errno_of(e), f"cannot attach the Iov: {e}") from None
             await _reply(stream, {"ok": True})
             event(log, "usrbio iov registered", pid=peer.pid, size=size)
             await _until_eof(buffered)

@@ -200,6 +200,7 @@ def test_create_flags(fs: Fs) -> None:
     fs.close(r.attr.inode, r.session_id)
     fs.mkdir(d.inode, "sub")
     assert err(fs.create, d.inode, "sub", flags=RW) == errno.EISDIR
+    assert err(fs.create, d.inode, "sub", flags=os.O_RDONLY) == errno.EISDIR
     assert err(fs.create, d.inode, "sub", flags=RW | os.O_EXCL) == errno.EEXIST
     assert err(fs.op.create, F.CreateRequest(user=ROOT, request_id=rid(), parent=d.inode, name=b"q",
                                              mode=stat.S_IFDIR | 0o755)) == errno.EINVAL
@@ -304,6 +305,13 @@ def test_chown_chmod_rules(fs: Fs) -> None:
     fs.setattr(f.inode, user=ROOT, valid=F.SETATTR_GID, gid=4242)
     a = fs.setattr(f.inode, user=BOB, valid=F.SETATTR_MODE, mode=0o2755).attr
     assert stat.S_IMODE(a.mode) == 0o755
+    # the kernel's "kill suid/sgid" setattr from a non-owner writer is accepted; a real chmod is not
+    fs.setattr(f.inode, user=ROOT, valid=F.SETATTR_MODE, mode=0o6666)
+    assert err(fs.setattr, f.inode, user=ALICE, valid=F.SETATTR_MODE, mode=0o6664) == errno.EPERM
+    a = fs.setattr(f.inode, user=ALICE, valid=F.SETATTR_MODE, mode=0o0666).attr
+    assert stat.S_IMODE(a.mode) == 0o666
+    fs.setattr(f.inode, user=ROOT, valid=F.SETATTR_MODE, mode=0o6644)
+    assert err(fs.setattr, f.inode, user=ALICE, valid=F.SETATTR_MODE, mode=0o644) == errno.EPERM  # no write
     # a non-root writer's truncate clears suid
     fs.setattr(f.inode, user=ROOT, valid=F.SETATTR_MODE, mode=0o4777)
     a = fs.setattr(f.inode, user=ALICE, valid=F.SETATTR_SIZE, size=1).attr
@@ -672,6 +680,9 @@ def test_malformed_requests(fs: Fs) -> None:
     with pytest.raises(FsError) as ei:
         op.mkdir(F.MkdirRequest(user=ROOT, request_id="x" * 1000, parent=1, name=b"x", mode=0o755))
     assert ei.value.code == Code.INVALID_ARGUMENT
+    with pytest.raises(FsError) as ei:
+        op.create(F.CreateRequest(user=ROOT, request_id=rid(), parent=1, name=b"c", mode=0o644, client_id="c" * 10**6))
+    assert ei.value.code == Code.INVALID_ARGUMENT
     assert err(op.getattr, F.GetAttrRequest(user=ROOT)) == errno.EINVAL
     assert err(op.getattr, F.GetAttrRequest(user=ROOT, inode=987654321)) == errno.ENOENT
     assert err(fs.mkdir, 987654321, "x") == errno.ENOENT
@@ -782,7 +793,7 @@ def test_concurrent_servers_keep_invariants(db: Database) -> None:
         rng = random.Random(k)
         d = [fs.lookup(1, "d0").inode, fs.lookup(1, "d1").inode]
         try:
-            for i in range(30):
+            for _ in range(30):
                 choice = rng.random()
                 name = f"n{rng.randrange(10)}"
                 try:

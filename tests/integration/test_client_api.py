@@ -499,3 +499,33 @@ def test_statvfs_and_scandir(client: Any) -> None:
     assert v.f_namemax == 255 and v.f_bsize > 0 and v.f_blocks >= v.f_bfree
     walked = list(client.walk("/sd"))
     assert walked[0][0] == "/sd" and sorted(walked[0][1]) == ["sub"]
+
+
+def test_readahead_and_write_behind_stay_coherent(client: Any) -> None:
+    """Sequential reads prefetch chunks; writes through another handle invalidate them."""
+    rng = random.Random(3)
+    size = 6 * CHUNK
+    a = bytearray(rng.randbytes(size))
+    with client.open("/ra", "wb") as w:
+        for off in range(0, size, CHUNK):
+            w.write(a[off : off + CHUNK])  # write-behind: several chunks in flight
+    r = client.open("/ra", "rb")
+    w = client.open("/ra", "r+b")
+    try:
+        got = bytearray()
+        got += r.read(65536)
+        got += r.read(65536)
+        assert r.raw.handle.ra, "a sequential reader should have read-ahead windows"
+        while len(got) < CHUNK:
+            got += r.read(65536)
+        b = rng.randbytes(CHUNK)
+        w.seek(CHUNK + CHUNK // 2)
+        w.write(b)
+        w.flush()  # the write is done (and visible to this client) after flush
+        a[CHUNK + CHUNK // 2 : 2 * CHUNK + CHUNK // 2] = b
+        got += r.read()
+        assert len(got) == size
+        assert got == a, "a read after a completed write returned stale read-ahead data"
+    finally:
+        r.close()
+        w.close()

@@ -67,7 +67,7 @@ def test_meta_server_killed_during_namespace_ops(cluster: ProcessCluster) -> Non
         used = c.core.meta._current
         victim = next(p.name for p in cluster._state().processes if p.role == "meta" and p.address == used)
         done = [0]
-        payloads = {i: random.Random(i).randbytes(3000 + i) for i in range(120)}
+        payloads = {i: random.Random(i).randbytes(3000 + i) for i in range(40)}
 
         def work() -> None:
             for i, data in payloads.items():
@@ -77,7 +77,7 @@ def test_meta_server_killed_during_namespace_ops(cluster: ProcessCluster) -> Non
                 done[0] += 1
 
         th, box = _run_in_thread(work)
-        _wait(lambda: done[0] >= 20, 30, "20 files before the kill")
+        _wait(lambda: done[0] >= 10, 30, "10 files before the kill")
         cluster.kill(victim)
         th.join(60)
         assert not th.is_alive(), "client operations hung after the meta server died"
@@ -90,7 +90,6 @@ def test_meta_server_killed_during_namespace_ops(cluster: ProcessCluster) -> Non
                 assert f.read() == data
     finally:
         c.close()
-    cluster.restart(victim)
 
 
 def test_storage_node_killed_during_writes_and_reads(cluster: ProcessCluster) -> None:

@@ -155,6 +155,9 @@ def test_cli_up_status_kill_restart_down_cycle(cluster_dir: Path) -> None:
     assert all(launcher._proc_stat(p) is None or launcher._proc_stat(p)[0] == "Z" for p in all_pids)  # type: ignore[index]
     dn2 = run_cli("down", "--dir", str(d))
     assert dn2.returncode == 0 and "no process of the cluster was running" in dn2.stdout
+    stopped = _status(d)  # status of a stopped cluster still answers, and says why it knows little
+    assert not any(p["alive"] for p in stopped["processes"]) and stopped["leader"] is None
+    assert stopped["errors"] == ["no mgmtd process is running"]
 
     # up again on the same DIR restarts from its data; --wipe removes it all
     up2 = run_cli("up", "--dir", str(d))

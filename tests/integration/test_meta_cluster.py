@@ -13,6 +13,7 @@ client process (the test does that).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -163,8 +164,8 @@ def test_two_meta_servers_concurrent_clients(two_metas: tuple[list[str], Path]) 
         for w in workers:
             out, errout = w.communicate(timeout=90)
             assert w.returncode == 0, errout[-3000:]
-            for d, names in json.loads(out.strip().splitlines()[-1]).items():
-                expected[d].update(names)
+            for d, theirs in json.loads(out.strip().splitlines()[-1]).items():
+                expected[d].update(theirs)
     finally:
         for w in workers:
             if w.poll() is None:
@@ -185,6 +186,17 @@ def test_two_meta_servers_concurrent_clients(two_metas: tuple[list[str], Path]) 
             cursor = r.entries[-1].name
         assert len(names) == len(set(names)), f"duplicated entries in {d}"
         assert set(names) == expected[d], f"{d}: lost {expected[d] - set(names)} extra {set(names) - expected[d]}"
+
+    # errors cross the wire as fs3 errors: POSIX errno, INVALID_ARGUMENT, and the server survives
+    from fs3.errors import Code, FsError
+
+    with pytest.raises(FsError) as ei:
+        call_sync(stub2.Lookup, meta_pb2.LookupRequest(user=user, parent=1, name=b"missing"))
+    assert ei.value.code == Code.POSIX and ei.value.errno == errno.ENOENT
+    with pytest.raises(FsError) as ei:
+        call_sync(stub2.Mkdir, meta_pb2.MkdirRequest(parent=1, name=b"nouser", mode=0o755))
+    assert ei.value.code == Code.INVALID_ARGUMENT
+    assert call_sync(stub2.StatFs, meta_pb2.StatFsRequest(user=user)).name_max == 255
 
     db = open_database(f"sqlite://{db_path}")
     try:

@@ -20,7 +20,7 @@ from fs3.client.routing import SERVING
 from fs3.errors import Code, FsError
 from fs3.proto import storage_pb2
 from fs3.rpc.channel import call
-from fs3.storage.chunk_engine import crc32c
+from fs3.storage.chunk_engine import ChunkKey, crc32c
 from fs3.storage.direct_client import DirectStorageClient
 from fs3.testing.storage_cluster import InProcessCluster
 
@@ -30,7 +30,7 @@ CS = 64 << 10  # small chunks keep the tests fast
 def run(tmp_path: Path, body: Callable[[InProcessCluster, DirectStorageClient], Awaitable[None]], *,
         nodes: int = 3, replicas: int = 3, transport: str = "grpc") -> None:
     async def main() -> None:
-        c = InProcessCluster(tmp_path, nodes=nodes, replicas=replicas)
+        c = InProcessCluster(tmp_path, nodes=nodes, replicas=replicas, transport=transport)
         cl: DirectStorageClient | None = None
         try:
             await c.start()
@@ -43,6 +43,12 @@ def run(tmp_path: Path, body: Callable[[InProcessCluster, DirectStorageClient], 
             await c.stop()
 
     asyncio.run(main())
+
+
+def corrupt(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(b"\xff\x00\xff")
 
 
 async def replica_metas(c: InProcessCluster, cl: DirectStorageClient, chain: int) -> dict[int, list[tuple]]:
@@ -69,7 +75,7 @@ def test_write_read_every_replica(tmp_path: Path, replicas: int, transport: str)
         chain = cl.routing.chains()[0].chain_id
         rng = random.Random(replicas)
         model: dict[int, bytearray] = {}
-        for i in range(30):
+        for _ in range(30):
             idx = rng.randrange(4)
             off = rng.randrange(0, CS - 1)
             data = rng.randbytes(rng.randrange(1, CS - off + 1))
@@ -266,11 +272,9 @@ def test_corrupt_replica_is_reported_and_repaired(tmp_path: Path) -> None:
         await cl.write(chain, 31, 0, 0, good, chunk_size=CS)
         victim = cl.routing.chain_targets(chain)[1]
         eng = c.nodes[c.node_of_target(victim)].targets.by_id(victim).engine
-        meta = eng.get(__import__("fs3.storage.chunk_engine", fromlist=["ChunkKey"]).ChunkKey(31, 0))
+        meta = eng.get(ChunkKey(31, 0))
         assert meta is not None
-        with open(eng.data_dir / meta.file, "r+b") as f:
-            f.seek(1000)
-            f.write(b"\xff\x00\xff")
+        corrupt(eng.data_dir / meta.file, 1000)
         with pytest.raises(FsError) as ei:
             await cl.read(chain, 31, 0, 0, CS, target_id=victim)
         assert ei.value.code == Code.CHECKSUM_MISMATCH
@@ -306,11 +310,13 @@ def test_writes_continue_with_replicas_down(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(90)
-def test_recovery_resyncs_a_returning_replica(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["grpc", "tcp", "shm"])
+def test_recovery_resyncs_a_returning_replica(tmp_path: Path, transport: str) -> None:
     async def body(c: InProcessCluster, cl: DirectStorageClient) -> None:
         chain = cl.routing.chains()[0].chain_id
         rng = random.Random(5)
         stop = asyncio.Event()
+        progress = asyncio.Event()
         writes = 0
 
         async def writer() -> None:
@@ -320,24 +326,26 @@ def test_recovery_resyncs_a_returning_replica(tmp_path: Path) -> None:
                 off = rng.randrange(0, CS - 4096)
                 await cl.write(chain, 60, idx, off, rng.randbytes(rng.randrange(1, 4096)), chunk_size=CS)
                 writes += 1
+                progress.set()
                 if rng.random() < 0.05:
                     await cl.remove_chunks(chain, 60, idx, idx + 1)
 
+        async def until(n: int) -> None:
+            while writes < n:
+                assert not w.done(), w
+                progress.clear()
+                await asyncio.wait_for(progress.wait(), 30)
+
         w = asyncio.create_task(writer())
-        while writes < 30:
-            await asyncio.sleep(0.02)
+        await until(30)
         victim_tid = cl.routing.chain_targets(chain)[1]
         victim = c.node_of_target(victim_tid)
         await c.kill_node(victim)
         await c.wait(lambda r: r.target_state(chain, victim_tid) != SERVING, what="victim out")
-        before = writes
-        while writes < before + 30:
-            await asyncio.sleep(0.02)
+        await until(writes + 30)
         await c.restart_node(victim)
-        await c.wait_all_serving(timeout=40)
-        after = writes
-        while writes < after + 10:  # writes keep flowing to the recovered replica
-            await asyncio.sleep(0.02)
+        await c.wait_all_serving(timeout_s=40)
+        await until(writes + 10)  # writes keep flowing to the recovered replica
         stop.set()
         await w
         metas = await assert_replicas_equal(c, cl, chain)
@@ -348,4 +356,4 @@ def test_recovery_resyncs_a_returning_replica(tmp_path: Path) -> None:
                      for t in cl.routing.chain_targets(chain)}
             assert len(blobs) == 1
 
-    run(tmp_path, body)
+    run(tmp_path, body, transport=transport)

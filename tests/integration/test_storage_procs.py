@@ -18,93 +18,34 @@ import pytest
 
 from fs3.client.mgmtd_client import MgmtdClient
 from fs3.client.routing import SERVING, Routing
-from fs3.config import (
-    ClusterSection,
-    KvSection,
-    LogSection,
-    MgmtdConfig,
-    MgmtdSection,
-    NodeSection,
-    StorageConfig,
-    StorageSection,
-    TransportSection,
-)
+from fs3.errors import FsError
 from fs3.storage.direct_client import DirectStorageClient
 from fs3.testing import procs
-from fs3.testing.storage_cluster import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 CS = 64 << 10
 
 
-class Procs:
-    def __init__(self, root: Path, transport: str) -> None:
-        self.root = root
-        self.transport = transport
-        self.cluster_file = root / "cluster"
-        self.mgmtd_port = free_port()
-        self.cluster_file.write_text(f"fs3@127.0.0.1:{self.mgmtd_port}\n")
-        self.running: dict[str, procs.Proc] = {}
-
-    def start_mgmtd(self) -> None:
-        cfg = MgmtdConfig(
-            node=NodeSection(id=1, port=self.mgmtd_port),
-            cluster=ClusterSection(cluster_file=str(self.cluster_file)),
-            kv=KvSection(url=f"sqlite:///{self.root}/kv.db"),
-            log=LogSection(level="INFO"),
-            mgmtd=MgmtdSection(
-                lease_length_s=10.0, lease_renew_interval_s=1.0, lease_safety_margin_s=2.0,
-                heartbeat_interval_s=0.2, heartbeat_timeout_s=1.5, check_interval_s=0.1,
-            ),
-        )
-        self.running["mgmtd-1"] = procs.start("mgmtd", cfg, self.root, "mgmtd-1")
-
-    def storage_cfg(self, i: int) -> StorageConfig:
-        return StorageConfig(
-            node=NodeSection(id=10001 + i, data_dir=str(self.root / f"storage-{i + 1}"), name=f"storage-{i + 1}"),
-            cluster=ClusterSection(cluster_file=str(self.cluster_file)),
-            storage=StorageSection(
-                target_ids=[(i + 1) * 100 + 1], fsync=True, forward_timeout_s=2.0, forward_retry_s=30.0,
-                heartbeat_interval_s=0.2, routing_refresh_s=0.2,
-            ),
-            transport=TransportSection(kind=self.transport),
-        )
-
-    def start_storage(self, i: int) -> None:
-        name = f"storage-{i + 1}"
-        self.running[name] = procs.start("storage", self.storage_cfg(i), self.root, name)
-
-    def kill(self, name: str) -> None:
-        procs.kill(self.running.pop(name))
-
-    def close(self) -> None:
-        for name in [n for n in self.running if n.startswith("storage")] + ["mgmtd-1"]:
-            p = self.running.pop(name, None)
-            if p is not None:
-                procs.stop(p)
-
-
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Procs]:
-    c = Procs(tmp_path, "tcp")
-    try:
-        c.start_mgmtd()
-        for i in range(3):
-            c.start_storage(i)
+def cluster(tmp_path: Path) -> Iterator[procs.MiniCluster]:
+    with procs.MiniCluster(tmp_path, nodes=3, transport="tcp", fsync=True) as c:
         yield c
-    finally:
-        c.close()
 
 
-async def _wait(admin: MgmtdClient, pred, timeout: float, what: str) -> Routing:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
+async def _wait(admin: MgmtdClient, pred, timeout_s: float, what: str) -> Routing:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
     while True:
-        info = await admin.get_routing(0)
+        try:
+            info = await admin.get_routing(0)
+        except FsError as e:  # e.g. mgmtd still electing itself leader
+            info, last = None, e
+        else:
+            last = None
         r = Routing(info) if info is not None else Routing.empty()
         if pred(r):
             return r
-        assert time.monotonic() < deadline, f"timeout: {what}: {r.chains()}"
+        assert time.monotonic() < deadline, f"timeout: {what}: {r.chains()} {last}"
         await asyncio.sleep(0.1)
 
 
@@ -115,7 +56,7 @@ def _all_serving(r: Routing) -> bool:
     )
 
 
-def test_kill9_storage_process_then_resync(cluster: Procs) -> None:
+def test_kill9_storage_process_then_resync(cluster: procs.MiniCluster) -> None:
     async def main() -> None:
         admin = MgmtdClient.from_cluster_file(str(cluster.cluster_file), timeout_s=2.0, retry_deadline_s=20.0)
         cl = DirectStorageClient(admin, "tcp", retry_deadline_s=30.0)
@@ -127,6 +68,7 @@ def test_kill9_storage_process_then_resync(cluster: Procs) -> None:
             await cl.refresh()
             rng = random.Random(3)
             stop = asyncio.Event()
+            progress = asyncio.Event()
             writes = 0
 
             async def writer() -> None:
@@ -136,11 +78,13 @@ def test_kill9_storage_process_then_resync(cluster: Procs) -> None:
                     off = rng.randrange(0, CS - 8192)
                     await cl.write(chain, 77, idx, off, rng.randbytes(rng.randrange(1, 8192)), chunk_size=CS)
                     writes += 1
+                    progress.set()
 
             async def until(n: int) -> None:
                 while writes < n:
                     assert not w.done(), w.exception()
-                    await asyncio.sleep(0.02)
+                    progress.clear()
+                    await asyncio.wait_for(progress.wait(), 30)
 
             w = asyncio.create_task(writer())
             await until(30)

@@ -127,6 +127,8 @@ def create(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.CreateRequest) -> meta_pb2.Ope
         if req.flags & os.O_EXCL:
             raise posix(errno.EEXIST, f"{req.name!r} exists")
         node = tx.must(entry[0])
+        if S.is_dir(node.attr):
+            raise posix(errno.EISDIR, f"{req.name!r} is a directory")
         resp = _open_existing(tx, ctx, node, req.flags, req.client_id, req.request_id)
         resp.created = False
         return resp
@@ -202,6 +204,25 @@ def sync(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.SyncRequest) -> meta_pb2.AttrRes
     return meta_pb2.AttrResponse(attr=S.public_attr(node.attr))
 
 
+def _is_kill_priv(tx: MetaTxn, node: Inode, req: meta_pb2.SetAttrRequest, user: common_pb2.UserInfo) -> bool:
+    """A non-owner writer's setattr that only drops S_ISUID/S_ISGID.
+
+    The kernel sends it (as the writing user) before a write or truncate by a
+    non-owner, when it clears the set-id bits (``file_remove_privs``); Linux
+    performs that without an ownership check, so meta must accept it from
+    anyone who may write the file.
+    """
+    old = node.attr.mode & 0o7777
+    new = req.mode & 0o7777
+    if new & ~old or (old & ~new) & ~(stat.S_ISUID | stat.S_ISGID):
+        return False
+    if req.session_id:
+        sess = tx.get_session(node.ino, req.session_id)
+        if sess is not None and sess.write:
+            return True
+    return perms.allowed(node.attr, user, perms.W)
+
+
 def setattr(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.SetAttrRequest) -> meta_pb2.SetAttrResponse:
     if req.inode == 0:
         raise posix(errno.EINVAL, "inode is required")
@@ -227,7 +248,7 @@ def setattr(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.SetAttrRequest) -> meta_pb2.S
         sess = tx.get_session(node.ino, req.session_id) if req.session_id else None
         if sess is None or not sess.write:
             perms.check(a, user, perms.W, f"truncate of inode {node.ino} denied")
-    if valid & F.SETATTR_MODE and not owner:
+    if valid & F.SETATTR_MODE and not owner and not _is_kill_priv(tx, node, req, user):
         raise posix(errno.EPERM, "only the owner or root may chmod")
     if valid & (F.SETATTR_UID | F.SETATTR_GID) and not root:
         if valid & F.SETATTR_UID and (req.uid != a.uid or user.uid != a.uid):

@@ -10,7 +10,13 @@ import pytest
 from fs3.errors import FsError
 from fs3.kv import open_database
 from fs3.meta.alloc import InodeAllocator
-from fs3.meta.layout import ChainAllocator, NoChainTables, StaticChainTables, merge_layout, validate_layout
+from fs3.meta.layout import (
+    ChainAllocator,
+    NoChainTables,
+    StaticChainTables,
+    merge_layout,
+    validate_layout,
+)
 from fs3.proto import meta_pb2
 
 pytestmark = pytest.mark.timeout(20)
@@ -78,3 +84,23 @@ def test_validate_and_merge() -> None:
     m = merge_layout(meta_pb2.Layout(chunk_size=4096, stripe=2, table_id=1, chain_ids=[5]),
                      meta_pb2.Layout(stripe=8))
     assert (m.chunk_size, m.stripe, m.table_id, list(m.chain_ids)) == (4096, 8, 1, [])
+
+
+def test_fast_keys_match_tuple_layer() -> None:
+    import random
+
+    from fs3.kv import keys as K
+    from fs3.meta import schema as S
+
+    rng = random.Random(5)
+    for _ in range(500):
+        ino = rng.choice([0, 1, 255, 256, 1 << 20, (1 << 64) - 1, rng.randrange(1 << 40)])
+        name = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 20))) + rng.choice([b"", b"\x00", b"\xff"])
+        assert S.inode_key(ino) == K.pack("in", ino)
+        assert S.dentry_key(ino, name) == K.pack("de", ino, name)
+        assert S.xattr_key(ino, name) == K.pack("in", ino, "x", name)
+        assert S.encode_dentry(ino, 0o100000) == K.pack(ino, 0o100000)
+        assert K.unpack(S.dentry_key(ino, name)) == ("de", ino, name)
+        text = name.decode("latin-1") + "é"
+        assert S.session_key(ino, text) == K.pack("se", ino, text)
+        assert S.idem_key(text) == K.pack("rq", text)

@@ -16,7 +16,7 @@ from fs3.errors import Code, FsError
 from fs3.kv.memory import MemoryDatabase
 from fs3.proto import mgmtd_pb2 as pb
 
-S, SY, W, O, L = (
+S, SY, W, O, L = (  # noqa: E741
     pb.PUBLIC_STATE_SERVING,
     pb.PUBLIC_STATE_SYNCING,
     pb.PUBLIC_STATE_WAITING,

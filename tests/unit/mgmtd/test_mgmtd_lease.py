@@ -1,7 +1,7 @@
 """Lease election over the KV (fs3.mgmtd.election) with a fake clock.
 
 The multi-process versions of these stories (kill -9, SIGSTOP) are in
-tests/integration/test_mgmtd_election.py.
+tests/integration/test_mgmtd_election.py (real processes).
 """
 
 from __future__ import annotations

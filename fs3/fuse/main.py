@@ -1,0 +1,428 @@
+"""``fs3 mount --cluster FILE MOUNTPOINT [--foreground] [-o opt,...] [--config FILE]``.
+
+Lifecycle (issue 6 §7):
+
+* Preflight in the calling process: the mount point must be a directory; a
+  *stale* FUSE mount there (ENOTCONN: its daemon crashed) is cleared with
+  ``fusermount3 -u -z`` and said so; a live mount is refused.
+* Without ``--foreground`` the command forks, the child starts a new session
+  and forks again (the daemon); the daemon connects to the cluster, mounts,
+  checks that the mount answers, and only then tells the waiting command
+  through a pipe, so ``fs3 mount`` exits 0 only when the mount is usable, or
+  non-zero with the daemon's error. Forking happens before any thread exists
+  (the client bridge, gRPC), which is the only safe order.
+* The daemon logs to a file and the command prints its path: ``[fuse] log_file``
+  or ``/var/log/fs3/mount-<mountpoint>.log`` (root) or
+  ``~/.local/state/fs3/mount-<mountpoint>.log``. With ``--foreground`` the
+  log goes to stderr unless a log file is configured.
+* SIGTERM/SIGINT/SIGHUP: write every buffer, report lengths, unmount, exit 0.
+  ``fusermount3 -u`` ends the FUSE session; the daemon then closes its open
+  files (reporting lengths) and exits.
+* After mounting, the kernel side is tuned through sysfs: the mount's BDI
+  ``read_ahead_kb`` (sequential reads arrive as 1 MiB requests instead of the
+  default 128 KiB) and the connection's ``max_background`` (more readahead and
+  async requests in flight).
+
+``-o`` options: keys of the ``[fuse]`` config section (``-o attr_timeout_s=5``),
+``transport=grpc|tcp|shm``, and anything else is handed to libfuse/the
+kernel mount (``ro``, ``noatime``, ``max_read=N`` ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import errno
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from fs3 import config as _config
+from fs3 import logs
+
+log = logging.getLogger("fs3.fuse")
+
+FUSERMOUNT = "fusermount3"
+
+
+class MountError(Exception):
+    """A mount that cannot be made; the message says why and what to do."""
+
+
+# ---------------------------------------------------------------------- mount state
+
+
+def _unescape(s: str) -> str:
+    out, i = [], 0
+    while i < len(s):
+        if s[i] == "\\" and i + 3 < len(s) and s[i + 1 : i + 4].isdigit():
+            out.append(chr(int(s[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(s[i])
+            i += 1
+    return "".join(out)
+
+
+def mount_fstype(path: str) -> str | None:
+    """File system type mounted exactly at ``path`` (the last mount wins), or None."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    found = None
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        parts = left.split()
+        if len(parts) >= 5 and _unescape(parts[4]) == path:
+            found = right.split()[0] if right else "?"
+    return found
+
+
+def mount_state(path: str) -> str:
+    """'absent', 'mounted', 'stale' (ENOTCONN: daemon gone) or 'other' (not FUSE)."""
+    fstype = mount_fstype(path)
+    if fstype is None:
+        return "absent"
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno in (errno.ENOTCONN, errno.ECONNABORTED):
+            return "stale"
+    return "mounted" if fstype.startswith("fuse") else "other"
+
+
+def preflight(mountpoint: str, say: Callable[[str], None]) -> None:
+    """Refuse unusable mount points; clear a stale mount from a crashed daemon."""
+    if not os.path.exists("/dev/fuse"):
+        raise MountError("/dev/fuse does not exist: load the fuse module (modprobe fuse) or run the container "
+                         "with --device /dev/fuse --cap-add SYS_ADMIN")
+    state = mount_state(mountpoint)
+    if state == "stale":
+        exe = shutil.which(FUSERMOUNT)
+        say(f"{mountpoint} is a stale FUSE mount (ENOTCONN: its daemon is gone); clearing it with {FUSERMOUNT} -u -z")
+        r = subprocess.run([exe or FUSERMOUNT, "-u", "-z", mountpoint], capture_output=True, text=True, timeout=30,
+                           check=False)
+        if mount_state(mountpoint) == "stale":
+            raise MountError(f"{mountpoint} is a stale FUSE mount and `{FUSERMOUNT} -u -z` failed "
+                             f"({r.stderr.strip()}); clear it by hand (umount -l {mountpoint}) and retry")
+    elif state in ("mounted", "other"):
+        raise MountError(f"{mountpoint} is already a mount point ({mount_fstype(mountpoint)}); "
+                         f"unmount it first ({FUSERMOUNT} -u {mountpoint})")
+    if not os.path.isdir(mountpoint):
+        raise MountError(f"mount point {mountpoint} does not exist or is not a directory")
+
+
+def default_log_path(mountpoint: str) -> str:
+    """Where the daemon logs when ``[fuse] log_file`` is empty."""
+    tag = mountpoint.strip("/").replace("/", "_") or "root"
+    if os.geteuid() == 0:
+        base = Path("/var/log/fs3")
+    else:
+        base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "fs3"
+    return str(base / f"mount-{tag}.log")
+
+
+# ---------------------------------------------------------------------- options
+
+
+def parse_options(opts: Sequence[str], cfg: _config.ClientConfig) -> set[str]:
+    """Apply fs3 keys from ``-o`` to ``cfg``; return the options meant for libfuse."""
+    fuse_fields = {f.name: f for f in dataclasses.fields(_config.FuseSection)}
+    passthrough: set[str] = set()
+    for group in opts:
+        for item in group.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            key, eq, value = item.partition("=")
+            if key in fuse_fields:
+                cur = getattr(cfg.fuse, key)
+                try:
+                    if isinstance(cur, bool):
+                        new: object = value.lower() in ("1", "true", "yes", "on") if eq else True
+                    elif isinstance(cur, int):
+                        new = int(value)
+                    elif isinstance(cur, float):
+                        new = float(value)
+                    else:
+                        new = value
+                except ValueError:
+                    raise MountError(f"-o {item}: expected a {type(cur).__name__}") from None
+                setattr(cfg.fuse, key, new)
+            elif key == "transport":
+                cfg.transport.kind = value
+            elif key == "default_permissions":
+                continue  # always on (see fs3.fuse.ops)
+            else:
+                passthrough.add(item)
+    try:
+        cfg.fuse.validate()
+        cfg.transport.validate()
+    except _config.ConfigError as e:
+        raise MountError(str(e)) from None
+    return passthrough
+
+
+def fuse_options(cfg: _config.ClientConfig, extra: set[str]) -> set[str]:
+    opts = {"fsname=fs3", "subtype=fs3", "default_permissions"}
+    if cfg.fuse.allow_other:
+        opts.add("allow_other")
+    return opts | extra
+
+
+# ---------------------------------------------------------------------- kernel tuning
+
+
+def tune_kernel(mountpoint: str, cfg: _config.FuseSection) -> None:
+    """Raise the mount's readahead and max_background through sysfs (best effort, logged)."""
+    try:
+        dev = os.stat(mountpoint).st_dev
+    except OSError as e:
+        log.warning("cannot stat %s to tune readahead: %s", mountpoint, e)
+        return
+    bdi = Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
+    if cfg.max_readahead_kb > 0:
+        try:
+            bdi.write_text(str(cfg.max_readahead_kb))
+            log.info("readahead of %s set to %s KiB (%s)", mountpoint, bdi.read_text().strip(), bdi)
+        except OSError as e:
+            log.warning("cannot set %s: %s (sequential reads stay at the default readahead)", bdi, e)
+    conn = Path(f"/sys/fs/fuse/connections/{dev}")
+    if not conn.exists() and os.geteuid() == 0 and Path("/sys/fs/fuse/connections").is_dir():
+        # fusectl (the per-connection knobs) is not always mounted; mounting it is harmless.
+        subprocess.run(["mount", "-t", "fusectl", "fusectl", "/sys/fs/fuse/connections"], capture_output=True,
+                       timeout=10, check=False)
+    try:
+        (conn / "max_background").write_text(str(cfg.max_background))
+        (conn / "congestion_threshold").write_text(str(max(1, cfg.max_background * 3 // 4)))
+        log.info("fuse connection %s: max_background=%s", dev, (conn / "max_background").read_text().strip())
+    except OSError as e:
+        log.warning("cannot tune fuse connection %s: %s", conn, e)
+
+
+# ---------------------------------------------------------------------- the daemon
+
+
+def serve(cluster: str, mountpoint: str, cfg: _config.ClientConfig, extra: set[str],
+          ready: Callable[[str], None]) -> int:
+    """Connect, mount, serve until unmounted or signalled; ``ready("ok"|"error: ...")`` once."""
+    import pyfuse3
+    import trio
+
+    from fs3.client.bridge import Bridge
+    from fs3.errors import FsError
+    from fs3.fuse.ops import Fs3Operations, FuseClient
+
+    bridge = Bridge("fs3-fuse-client")
+    try:
+        client = bridge.run(FuseClient.connect(cluster, config=cfg))
+    except (FsError, OSError) as e:
+        ready(f"error: cannot connect to the cluster in {cluster}: {e}")
+        bridge.close()
+        return 1
+    ops = Fs3Operations(client, bridge, cfg.fuse)
+    opts = fuse_options(cfg, extra)
+    log.info("mounting %s (cluster file %s, options %s, transport %s)", mountpoint, cluster, sorted(opts),
+             cfg.transport.kind)
+    try:
+        pyfuse3.init(ops, mountpoint, opts)
+    except (RuntimeError, OSError) as e:
+        ready(f"error: mounting {mountpoint} failed: {e} (see the log)")
+        bridge.run(client.close(), timeout=30)
+        bridge.close()
+        return 1
+    signalled: list[int] = []
+
+    async def run() -> None:
+        async with trio.open_nursery() as bg:
+            ops.nursery = bg
+            bg.start_soon(ops.age_flusher)
+            async with trio.open_nursery() as n:
+
+                async def on_signals() -> None:
+                    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+                        async for s in sigs:
+                            signalled.append(s)
+                            log.info("signal %d: writing buffers and unmounting", s)
+                            await ops.drain()
+                            pyfuse3.terminate()
+                            return
+
+                async def check_ready() -> None:
+                    try:
+                        await trio.to_thread.run_sync(os.stat, mountpoint)
+                    except OSError as e:
+                        ready(f"error: the mount at {mountpoint} does not answer: {e}")
+                        return
+                    await trio.to_thread.run_sync(tune_kernel, mountpoint, cfg.fuse)
+                    log.info("mounted %s", mountpoint)
+                    ready("ok")
+
+                n.start_soon(on_signals)
+                n.start_soon(check_ready)
+                try:
+                    await pyfuse3.main(min_tasks=4, max_tasks=max(4, cfg.fuse.max_tasks))
+                finally:
+                    n.cancel_scope.cancel()
+            await ops.drain()
+            bg.cancel_scope.cancel()
+
+    code = 0
+    try:
+        trio.run(run)
+        log.info("FUSE session ended%s", f" (signal {signalled[0]})" if signalled else " (unmounted)")
+    except BaseException:
+        log.exception("FUSE main loop failed")
+        ready("error: the FUSE main loop failed (see the log)")
+        code = 1
+    finally:
+        try:
+            pyfuse3.close(unmount=True)
+        except Exception:  # noqa: BLE001 - unmount is best effort at exit
+            log.exception("unmount of %s failed", mountpoint)
+        try:
+            bridge.run(client.close(), timeout=60)
+        except Exception:  # noqa: BLE001
+            log.exception("closing the client failed")
+        bridge.close()
+        log.info("stats: %s", ops.stats)
+    return code
+
+
+def _setup_logging(cfg: _config.ClientConfig, path: str | None) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    logs.setup(cfg.log.level, path or "")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="fs3 mount", description="Mount an fs3 cluster with FUSE.")
+    p.add_argument("--cluster", default=os.environ.get("FS3_CLUSTER_FILE", ""), help="cluster file (mgmtd addresses)")
+    p.add_argument("mountpoint")
+    p.add_argument("--foreground", "-f", action="store_true", help="do not detach; log to stderr")
+    p.add_argument("-o", dest="options", action="append", default=[], help="mount options, comma separated")
+    p.add_argument("--config", default=None, help="client config file (TOML: [client], [transport], [fuse] ...)")
+    args = p.parse_args(argv)
+
+    def err(msg: str) -> int:
+        print(f"fs3 mount: {msg}", file=sys.stderr, flush=True)
+        return 1
+
+    try:
+        cfg = _config.load(_config.ClientConfig, args.config)
+    except _config.ConfigError as e:
+        return err(str(e))
+    cluster = args.cluster or cfg.cluster.cluster_file
+    if not cluster:
+        return err("no cluster file: pass --cluster FILE (or set FS3_CLUSTER_FILE)")
+    if not os.path.isfile(cluster):
+        return err(f"cluster file {cluster} does not exist")
+    cluster = os.path.abspath(cluster)
+    mountpoint = os.path.abspath(args.mountpoint)
+    try:
+        extra = parse_options(args.options, cfg)
+        preflight(mountpoint, lambda m: print(f"fs3 mount: {m}", file=sys.stderr, flush=True))
+    except MountError as e:
+        return err(str(e))
+
+    log_path = cfg.fuse.log_file or (None if args.foreground else default_log_path(mountpoint))
+    if args.foreground:
+        try:
+            _setup_logging(cfg, log_path)
+        except OSError as e:
+            return err(f"cannot open log file {log_path}: {e}")
+        if log_path:
+            print(f"fs3 mount: logging to {log_path}", file=sys.stderr, flush=True)
+
+        def ready_fg(msg: str) -> None:
+            if msg != "ok":
+                print(f"fs3 mount: {msg.removeprefix('error: ')}", file=sys.stderr, flush=True)
+
+        return serve(cluster, mountpoint, cfg, extra, ready_fg)
+    assert log_path is not None
+    try:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a"):
+            pass
+    except OSError as e:
+        return err(f"cannot open log file {log_path}: {e}")
+    return _daemonize(cluster, mountpoint, cfg, extra, log_path)
+
+
+def _daemonize(cluster: str, mountpoint: str, cfg: _config.ClientConfig, extra: set[str], log_path: str) -> int:
+    """Double fork; return only when the daemon reports the mount usable (0) or failed (1)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid > 0:
+        os.close(wfd)
+        chunks = []
+        while True:
+            b = os.read(rfd, 4096)
+            if not b:
+                break
+            chunks.append(b)
+        os.close(rfd)
+        os.waitpid(pid, 0)
+        msg = b"".join(chunks).decode(errors="replace").strip()
+        if msg.startswith("ok"):
+            daemon_pid = msg.split()[1] if len(msg.split()) > 1 else "?"
+            print(f"fs3 mount: {mountpoint} mounted (daemon pid {daemon_pid}); log: {log_path}", flush=True)
+            print(f"fs3 mount: unmount with `{FUSERMOUNT} -u {mountpoint}` or `kill {daemon_pid}`", flush=True)
+            return 0
+        if not msg:
+            msg = "error: the daemon exited before the mount was ready"
+        print(f"fs3 mount: {msg.removeprefix('error: ')}; log: {log_path}", file=sys.stderr, flush=True)
+        return 1
+    # first child
+    try:
+        os.close(rfd)
+        os.setsid()
+        if os.fork() > 0:
+            os._exit(0)
+        # the daemon
+        os.chdir("/")
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)
+        logfd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(logfd, 1)
+        os.dup2(logfd, 2)
+        os.close(devnull)
+        os.close(logfd)
+        _setup_logging(cfg, log_path)
+        told = [False]
+
+        def ready(msg: str) -> None:
+            if told[0]:
+                if msg != "ok":
+                    log.error("%s", msg)
+                return
+            told[0] = True
+            if msg == "ok":
+                msg = f"ok {os.getpid()}"
+            else:
+                log.error("%s", msg)
+            try:
+                os.write(wfd, msg.encode() + b"\n")
+                os.close(wfd)
+            except OSError:
+                pass
+
+        code = serve(cluster, mountpoint, cfg, extra, ready)
+        if not told[0]:
+            ready("error: the daemon stopped before the mount was ready")
+        os._exit(code)
+    except BaseException:  # noqa: BLE001 - a forked child must never return into the caller
+        logging.getLogger("fs3.fuse").exception("daemon failed")
+        os._exit(1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Storage-side local-state rules (reference §2.6, 3FS TargetMap), fed routing by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fs3.client.routing import LASTSRV, OFFLINE, SERVING, SYNCING, WAITING, Routing
+from fs3.proto import mgmtd_pb2
+from fs3.storage.chunk_engine import FileChunkEngine
+from fs3.storage.target import L_OFFLINE, L_ONLINE, L_UPTODATE, StorageTarget, TargetMap
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def routing(version: int, chain_version: int, states: dict[int, int]) -> Routing:
+    info = mgmtd_pb2.RoutingInfo(version=version)
+    ch = info.chains.add(chain_id=1, version=chain_version)
+    for tid, st in states.items():
+        ch.targets.add(target_id=tid, public_state=st)  # type: ignore[arg-type]
+    return Routing(info)
+
+
+@pytest.fixture
+def tmap(tmp_path: Path) -> TargetMap:
+    return TargetMap([StorageTarget(101, str(tmp_path), FileChunkEngine(tmp_path, fsync=False))])
+
+
+def test_startup_waits_until_mgmtd_sees_the_target_down(tmap: TargetMap) -> None:
+    t = tmap.targets[101]
+    assert tmap.reports()[0].local_state == L_OFFLINE
+    # mgmtd still shows it serving (previous incarnation): keep reporting OFFLINE
+    assert not tmap.apply_routing(routing(1, 1, {101: SERVING, 201: SERVING}))
+    assert tmap.starting and tmap.reports()[0].local_state == L_OFFLINE
+    assert tmap.reports()[0].chain_version == 1  # report based on the chain version seen
+    # now mgmtd marked it offline: report ONLINE (needs a resync)
+    assert tmap.apply_routing(routing(2, 2, {201: SERVING, 101: OFFLINE}))
+    assert not tmap.starting and t.local_state == L_ONLINE and not t.serving
+    # syncing → still ONLINE; sync done → UPTODATE; then serving
+    assert not tmap.apply_routing(routing(3, 3, {201: SERVING, 101: SYNCING}))
+    assert tmap.sync_done(t) and t.local_state == L_UPTODATE
+    assert not tmap.apply_routing(routing(4, 4, {201: SERVING, 101: SERVING}))
+    assert t.serving and tmap.by_chain(1) is t
+
+
+def test_online_plus_serving_becomes_uptodate(tmap: TargetMap) -> None:
+    tmap.apply_routing(routing(1, 0, {}))  # not in any chain yet
+    assert tmap.targets[101].local_state == L_ONLINE
+    assert tmap.apply_routing(routing(2, 1, {101: SERVING}))
+    assert tmap.targets[101].local_state == L_UPTODATE
+
+
+@pytest.mark.parametrize("published", [OFFLINE, LASTSRV, WAITING])
+def test_uptodate_but_published_down_fences(tmap: TargetMap, published: int) -> None:
+    tmap.apply_routing(routing(1, 0, {}))
+    tmap.apply_routing(routing(2, 1, {101: SERVING}))
+    t = tmap.targets[101]
+    assert t.local_state == L_UPTODATE
+    assert tmap.apply_routing(routing(3, 2, {101: published}))
+    assert t.local_state == L_OFFLINE and t.fenced
+    # fenced until restart, even if published serving again
+    tmap.apply_routing(routing(4, 3, {101: SERVING}))
+    assert t.local_state == L_OFFLINE and not t.serving
+
+
+def test_older_routing_is_ignored(tmap: TargetMap) -> None:
+    tmap.apply_routing(routing(5, 3, {101: SERVING}))
+    assert not tmap.apply_routing(routing(4, 2, {101: OFFLINE}))
+    assert tmap.targets[101].chain_version == 3
+
+
+def test_force_offline_reports(tmap: TargetMap) -> None:
+    tmap.apply_routing(routing(1, 0, {}))
+    tmap.apply_routing(routing(2, 1, {101: SERVING}))
+    assert tmap.reports()[0].local_state == L_UPTODATE
+    assert tmap.reports(force_offline=True)[0].local_state == L_OFFLINE

@@ -1,0 +1,135 @@
+"""Pure pieces of fs3.transport: buffer addresses, shm regions, the staging allocator, refs."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+
+import pytest
+
+from fs3.errors import Code, FsError
+from fs3.proto import transport_pb2
+from fs3.transport import inline_read_ref, is_inline, ref_kind, ref_length
+from fs3.transport.region import ShmRegion, buffer_address, process_start_time
+from fs3.transport.shm import _Arena
+
+
+@pytest.mark.timeout(10)
+def test_buffer_address_of_views_and_readonly_buffers() -> None:
+    ba = bytearray(100)
+    base, n = buffer_address(ba)
+    assert n == 100
+    assert buffer_address(memoryview(ba)[10:20]) == (base + 10, 10)
+    ro = memoryview(ba).toreadonly()[5:]
+    assert buffer_address(ro) == (base + 5, 95)
+    b = b"immutable"
+    assert buffer_address(b)[1] == len(b)
+    with pytest.raises(TypeError):
+        buffer_address(12345)
+
+
+@pytest.mark.timeout(10)
+def test_region_create_open_contains_and_close() -> None:
+    r = ShmRegion.create(1 << 16, prefix="fs3-unit")
+    try:
+        assert os.path.exists(r.path) and r.path.startswith("/dev/shm/fs3-unit-")
+        other = ShmRegion.open(r.path)
+        try:
+            r.buf[100:105] = b"hello"
+            assert bytes(other.buf[100:105]) == b"hello"  # same memory, no copy
+        finally:
+            assert other.close()
+        assert os.path.exists(r.path)  # open() never unlinks
+        assert r.offset_of(r.buf[4096:8192]) == 4096
+        assert r.offset_of(memoryview(bytearray(10))) is None
+        view = r.buf[0:10]
+        assert r.close() is False  # a live view keeps the mapping
+        assert r.closed and not os.path.exists(r.path)
+        assert r.offset_of(view) is None
+        view.release()
+        assert r.close() is True
+    finally:
+        r.close()
+
+
+@pytest.mark.timeout(10)
+def test_region_open_refuses_files_outside_dev_shm(tmp_path: object) -> None:
+    for path in ("/etc/passwd", "/dev/shm/../etc/passwd", "/dev/shm/no-such-region"):
+        with pytest.raises(FsError) as ei:
+            ShmRegion.open(path, 10)
+        assert ei.value.code == Code.INVALID_ARGUMENT
+    link = f"/dev/shm/fs3-unit-link-{os.getpid()}"
+    os.symlink("/etc/passwd", link)
+    try:
+        with pytest.raises(FsError):
+            ShmRegion.open(link, 10)  # a symlink out of /dev/shm
+    finally:
+        os.unlink(link)
+    r = ShmRegion.create(4096, prefix="fs3-unit")
+    try:
+        with pytest.raises(FsError):
+            ShmRegion.open(r.path, 8192)  # larger than the file
+    finally:
+        r.close()
+    with pytest.raises(FsError):
+        ShmRegion.create(0)
+
+
+@pytest.mark.timeout(10)
+def test_process_start_time() -> None:
+    assert process_start_time(os.getpid())
+    assert process_start_time(2**22 + 12345) is None
+
+
+@pytest.mark.timeout(10)
+def test_arena_allocator_first_fit_and_coalescing() -> None:
+    class FakeRegion:
+        size = 1 << 20
+
+    arena = _Arena(FakeRegion(), dedicated=False)  # type: ignore[arg-type]
+    rng = random.Random(3)
+    live: list[tuple[int, int]] = []
+    for _ in range(2000):
+        if live and rng.random() < 0.5:
+            off, n = live.pop(rng.randrange(len(live)))
+            arena.release(off, n)
+        else:
+            n = rng.choice([1, 4096, 5000, 65536])
+            got = arena.alloc(n)
+            if got is None:
+                continue
+            off = got
+            rounded = max(4096, (n + 4095) // 4096 * 4096)
+            for o, m in live:  # no overlap with anything live
+                mr = max(4096, (m + 4095) // 4096 * 4096)
+                assert off + rounded <= o or o + mr <= off
+            assert off + rounded <= FakeRegion.size
+            live.append((off, n))
+    for off, n in live:
+        arena.release(off, n)
+    assert arena.used == 0 and arena.free == [(0, 1 << 20)]
+    assert arena.alloc(2 << 20) is None
+
+
+def test_ref_helpers() -> None:
+    assert is_inline(transport_pb2.DataRef())
+    r = inline_read_ref()
+    assert r.WhichOneof("kind") == "inline" and is_inline(r)
+    r2 = transport_pb2.DataRef.FromString(r.SerializeToString())
+    assert is_inline(r2) and r2.WhichOneof("kind") == "inline"  # survives the wire
+    shm = transport_pb2.DataRef(shm=transport_pb2.ShmRef(region="a", offset=1, length=7))
+    assert ref_kind(shm) == "shm" and ref_length(shm) == 7 and not is_inline(shm)
+    tcp = transport_pb2.DataRef(tcp=transport_pb2.TcpRef(conn_id=1, transfer_id=2, length=9))
+    assert ref_kind(tcp) == "tcp" and ref_length(tcp) == 9
+    assert ref_length(transport_pb2.DataRef(inline=b"abc")) == 3
+
+
+def test_anonymous_mmap_is_not_a_region() -> None:
+    mm = mmap.mmap(-1, 4096)
+    r = ShmRegion.create(4096, prefix="fs3-unit")
+    try:
+        assert r.offset_of(memoryview(mm)) is None
+    finally:
+        r.close()
+        mm.close()
