@@ -196,6 +196,7 @@ class ClientSection:
     rpc_timeout_s: float = 10.0
     io_depth: int = 16  # chunk requests in flight per file operation
     readahead_chunks: int = 4  # Python API: chunks prefetched ahead of a sequential reader (0 = off)
+    eof_length_from_storage: bool = False  # a read reaching meta's EOF also asks storage (QueryLastChunk) for unreported writes of other clients
     length_report_interval_s: float = 5.0  # long writers report file length this often
     routing_refresh_s: float = 2.0
 

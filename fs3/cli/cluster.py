@@ -650,9 +650,12 @@ class LocalCluster:
         os.replace(tmp, self.paths.state)
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self, create: bool = False) -> Iterator[None]:
         """One mutating command per DIR at a time (up while down is running would be chaos)."""
-        self.paths.root.mkdir(parents=True, exist_ok=True)
+        if create:
+            self.paths.root.mkdir(parents=True, exist_ok=True)
+        elif not self.paths.root.is_dir():
+            raise LauncherError(f"no cluster in {self.paths.root} (the directory does not exist)")
         fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             try:
@@ -869,7 +872,7 @@ class LocalCluster:
         On failure everything this call started is stopped and LauncherError raised.
         """
         self._t0 = time.monotonic()
-        with self._locked():
+        with self._locked(create=True):
             old = self.load_state()
             if old is not None:
                 alive = [r for r in old.processes if is_alive(r)]
@@ -1155,6 +1158,9 @@ class LocalCluster:
     def down(self, *, wipe: bool = False) -> None:
         """Unmount, stop every recorded process (TERM, then KILL after the grace period); idempotent."""
         self._t0 = time.monotonic()
+        if not self.paths.root.is_dir():
+            self._say(f"no cluster in {self.paths.root}; nothing to stop")
+            return
         with self._locked():
             st = self.load_state()
             if st is None:
@@ -1179,6 +1185,11 @@ class LocalCluster:
                 self._save_state(st)
             if wipe:
                 self._wipe()
+        if wipe:  # the lock file goes last, and DIR with it if nothing else is in it
+            with contextlib.suppress(FileNotFoundError):
+                self.paths.lock.unlink()
+            with contextlib.suppress(OSError):
+                self.paths.root.rmdir()
 
     def _wipe(self) -> None:
         p = self.paths

@@ -18,17 +18,22 @@ entries:
   wakes it through ``TrioToken.run_sync_soon(reschedule, ...)``. No thread per
   call, no ``trio.to_thread``. Cancelling the trio task cancels the asyncio task.
 
-Measured per-call overhead (round trip of a coroutine that returns at once; 2
-cores, Python 3.11, ``python -m fs3.client.bridge``; median of 3 runs of 5,000
-calls):
+Measured per-call overhead (round trip of a coroutine that returns at once;
+``python -m fs3.client.bridge``: 3 runs of 5,000 calls; 2 cores, Python 3.11):
 
-* sync ``run``:       ~50 µs per call  (~20,000 calls/s)
-* trio ``trio_run``:  ~45 µs per call  (~22,000 calls/s)
-* for reference, calling the coroutine directly inside asyncio: ~1 µs
+* idle machine (load average 0.3):
+  sync ``run`` 60–125 µs per call (8,000–16,000 calls/s);
+  trio ``trio_run`` 120–175 µs per call (5,700–8,400 calls/s);
+  a direct ``await`` inside asyncio: 0.1–0.2 µs.
+* busy machine (load average ~18 on the 2 cores, other test suites running):
+  0.7–1.3 ms (sync) and 1.3–2 ms (trio): each call needs two cross-thread
+  wake-ups (submit, then completion), and with a long run queue each one
+  waits for a time slice.
 
-So the bridge costs tens of microseconds per operation: negligible next to a
-gRPC round trip (~1 ms here) and to a 1 MiB chunk transfer, which is why one
-bridge call per file operation (not per chunk) is the rule.
+So on an idle host the bridge costs about a tenth of a millisecond per
+operation, small next to a meta RPC (~2–5 ms here) or a chunk write; that is
+why the rule is one bridge call per file operation (never per chunk): chunk
+pieces fan out inside the asyncio core.
 """
 
 from __future__ import annotations

@@ -159,6 +159,7 @@ class FileHandle:
     closed: bool = False
     pending: list[_PendingWrite] = field(default_factory=list)
     error: FsError | None = None
+    write_mtime_ns: int = 0  # wall clock of the last write not yet reported to meta
     readahead: bool = False  # prefetch ahead of sequential reads (see AsyncClient.readinto)
     ra: list[_Prefetch] = field(default_factory=list)
     ra_next: int = -1
@@ -408,6 +409,10 @@ class AsyncClient:
                     await self._report(h)
         r = await self.meta.call("SetAttr", req)
         attr = r.attr
+        if valid & (SETATTR_MTIME | SETATTR_MTIME_NOW):
+            # An explicit mtime wins over writes made before it (cp -p, tar).
+            for h in self._handles_of(inode):
+                h.write_mtime_ns = 0
         if size is not None:
             if r.need_truncate:
                 await self._trim(attr, size)
@@ -740,6 +745,7 @@ class AsyncClient:
         if end > fh.written_end:
             fh.written_end = end
         fh.dirty = True
+        fh.write_mtime_ns = time.time_ns()
 
     def _write_done(self, fh: FileHandle, pw: _PendingWrite, t: asyncio.Task[int]) -> None:
         with contextlib.suppress(ValueError):
@@ -942,7 +948,15 @@ class AsyncClient:
             fh.known_length = int(attr.size)
         else:
             fh.known_length = max(int(attr.size), self._length(fh))
+        if self.config.client.eof_length_from_storage and fh.chains:
+            # Writers elsewhere report their length only every few seconds; the
+            # chunks themselves already show how far the file goes (3FS §6.6).
+            fh.known_length = max(fh.known_length, await self.storage_length(fh))
         return self._length(fh)
+
+    async def storage_length(self, fh: FileHandle) -> int:
+        """The file length as storage sees it (last chunk end over the stripe's chains)."""
+        return await self.storage.query_length(fh.inode, fh.chains, fh.chunk_size)
 
     async def _trim(self, attr: meta_pb2.Attr, new_size: int) -> None:
         lay = layout_of(attr)
@@ -968,6 +982,9 @@ class AsyncClient:
             req.has_length_hint = True
             req.length_hint = end
             req.truncate_version = fh.truncate_version
+        if fh.write_mtime_ns:
+            # Overwrites do not change the length; the report carries their mtime.
+            req.mtime.CopyFrom(_ts(fh.write_mtime_ns))
 
     async def _report(self, fh: FileHandle) -> None:
         """Sync: tell meta this handle's length (the write session stays)."""
@@ -976,6 +993,7 @@ class AsyncClient:
         req = meta_pb2.SyncRequest(user=fh.caller.to_proto(), request_id=new_request_id(), inode=fh.inode, session_id=fh.session_id)
         self._hint(fh, req)
         fh.dirty = False
+        mtime = fh.write_mtime_ns
         try:
             r = await self.meta.call("Sync", req)
         except BaseException:
@@ -983,6 +1001,8 @@ class AsyncClient:
             raise
         fh.last_report = time.monotonic()
         fh.known_length = max(fh.known_length, int(r.attr.size))
+        if fh.write_mtime_ns == mtime:
+            fh.write_mtime_ns = 0
 
     async def _close_session(self, fh: FileHandle, *, with_hint: bool) -> None:
         req = meta_pb2.CloseRequest(user=fh.caller.to_proto(), request_id=new_request_id(), inode=fh.inode, session_id=fh.session_id)

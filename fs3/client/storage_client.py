@@ -23,10 +23,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import crc32c
@@ -177,11 +178,12 @@ class StorageClient:
 
     def _head(self, routing: Routing, chain_id: int) -> tuple[int, Any, int]:
         """(head target id, its node, chain version) or a retryable error."""
-        chain = routing.chain(chain_id)
-        head = routing.head(chain_id)
-        if head is None:
-            raise FsError(Code.TARGET_NOT_SERVING, f"chain {chain_id} has no serving target", retryable=True)
-        return head, routing.node_of_target(head), int(chain.version)
+        with _stale_routing_is_retryable():
+            chain = routing.chain(chain_id)
+            head = routing.head(chain_id)
+            if head is None:
+                raise FsError(Code.TARGET_NOT_SERVING, f"chain {chain_id} has no serving target", retryable=True)
+            return head, routing.node_of_target(head), int(chain.version)
 
     def _tag(self, channel: int, seq: int) -> storage_pb2.UpdateTag:
         return storage_pb2.UpdateTag(
@@ -278,15 +280,16 @@ class StorageClient:
             if n > 1:
                 self.stats["read_retries"] += 1
             routing = self._routing()
-            chain = routing.chain(p.chain_id)
-            serving = routing.serving_targets(p.chain_id)
-            if not serving:
-                raise FsError(Code.TARGET_NOT_SERVING, f"chain {p.chain_id} has no serving target", retryable=True)
-            candidates = [t for t in serving if t not in bad] or serving
-            if len(candidates) == len(serving) and bad:
-                bad.clear()  # every replica failed once: start over
-            target = self._rng.choice(candidates)
-            node = routing.node_of_target(target)
+            with _stale_routing_is_retryable():
+                chain = routing.chain(p.chain_id)
+                serving = routing.serving_targets(p.chain_id)
+                if not serving:
+                    raise FsError(Code.TARGET_NOT_SERVING, f"chain {p.chain_id} has no serving target", retryable=True)
+                candidates = [t for t in serving if t not in bad] or serving
+                if len(candidates) == len(serving) and bad:
+                    bad.clear()  # every replica failed once: start over
+                target = self._rng.choice(candidates)
+                node = routing.node_of_target(target)
             try:
                 await self._read_once(inode, p, dest, node, target, int(chain.version), deadline)
             except FsError as e:
@@ -438,11 +441,12 @@ class StorageClient:
 
             async def attempt(_n: int) -> int:
                 routing = self._routing()
-                chain = routing.chain(chain_id)
-                serving = routing.serving_targets(chain_id)
-                if not serving:
-                    raise FsError(Code.TARGET_NOT_SERVING, f"chain {chain_id} has no serving target", retryable=True)
-                node = routing.node_of_target(serving[-1])  # the tail holds only committed data
+                with _stale_routing_is_retryable():
+                    chain = routing.chain(chain_id)
+                    serving = routing.serving_targets(chain_id)
+                    if not serving:
+                        raise FsError(Code.TARGET_NOT_SERVING, f"chain {chain_id} has no serving target", retryable=True)
+                    node = routing.node_of_target(serving[-1])  # the tail holds only committed data
                 req = storage_pb2.QueryLastChunkRequest(
                     ops=[
                         storage_pb2.QueryLastChunkOp(
@@ -462,6 +466,17 @@ class StorageClient:
 
         lengths = await self._bounded([one(c) for c in dict.fromkeys(chains)])
         return max(lengths, default=0)
+
+
+@contextlib.contextmanager
+def _stale_routing_is_retryable() -> Iterator[None]:
+    """A chain/target/node missing from *our* routing means it is stale: refresh and retry."""
+    try:
+        yield
+    except FsError as e:
+        if e.code in (Code.UNKNOWN_CHAIN, Code.UNKNOWN_TARGET, Code.UNKNOWN_NODE) and not e.retryable:
+            raise FsError(e.code, e.message, retryable=True) from None
+        raise
 
 
 async def _settle(sent: Awaitable[None]) -> None:

@@ -41,6 +41,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import cast
 
 from fs3 import config as _config
 from fs3 import logs
@@ -221,7 +222,7 @@ def serve(cluster: str, mountpoint: str, cfg: _config.ClientConfig, extra: set[s
 
     bridge = Bridge("fs3-fuse-client")
     try:
-        client = bridge.run(FuseClient.connect(cluster, config=cfg))
+        client = cast(FuseClient, bridge.run(FuseClient.connect(cluster, config=cfg)))
     except (FsError, OSError) as e:
         ready(f"error: cannot connect to the cluster in {cluster}: {e}")
         bridge.close()

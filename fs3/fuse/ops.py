@@ -50,9 +50,9 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
 import trio
@@ -60,7 +60,7 @@ import trio
 from fs3 import config as _config
 from fs3.client.bridge import Bridge
 from fs3.client.core import ROOT, AsyncClient, Caller, FileHandle
-from fs3.errors import Code, FsError, posix
+from fs3.errors import Code, FsError
 from fs3.proto import common_pb2, meta_pb2
 
 log = logging.getLogger("fs3.fuse")
@@ -77,6 +77,7 @@ _CAPABILITY = b"security.capability"
 READDIR_PAGE = 128  # entries per meta ReadDir while listing (a kernel readdir call takes ~25)
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 def _ts_ns(ts: common_pb2.Timespec) -> int:
@@ -93,30 +94,32 @@ def _check_name(name: bytes) -> None:
         raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
 
 
-def _guard(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+def _guard(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
     """Turn every failure of a handler into a FUSEError (never let one escape)."""
     name = fn.__name__
 
     @functools.wraps(fn)
-    async def wrapper(self: Fs3Operations, *args: Any) -> T:
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        self = args[0]
+        assert isinstance(self, Fs3Operations)
         ops = self.stats.ops
         ops[name] = ops.get(name, 0) + 1
         try:
-            return await fn(self, *args)
+            return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
             raise
         except FsError as e:
             if e.code != Code.POSIX:
-                log.warning("%s%r failed: %s", fn.__name__, _short(args), e)
+                log.warning("%s%r failed: %s", name, _short(args[1:]), e)
             raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
         except asyncio.CancelledError:
-            log.warning("%s%r: client operation cancelled (shutting down?)", fn.__name__, _short(args))
+            log.warning("%s%r: client operation cancelled (shutting down?)", name, _short(args[1:]))
             raise pyfuse3.FUSEError(errno.EINTR) from None
         except OSError as e:
-            log.exception("%s%r: unexpected OSError", fn.__name__, _short(args))
+            log.exception("%s%r: unexpected OSError", name, _short(args[1:]))
             raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
         except Exception:
-            log.exception("%s%r: unexpected error (answered EIO)", fn.__name__, _short(args))
+            log.exception("%s%r: unexpected error (answered EIO)", name, _short(args[1:]))
             raise pyfuse3.FUSEError(errno.EIO) from None
 
     return wrapper

@@ -12,8 +12,8 @@ concurrent operations, crashes and retries the namespace must satisfy
 * following ``parent`` from any directory reaches the root (no cycle, nothing
   detached);
 * every inode is reachable (nlink > 0 non-directories have entries, see above);
-* sessions, xattrs and GC entries refer to the right inodes (sessions/xattrs
-  to live ones, GC entries to deleted ones).
+* sessions, xattrs, directory times and GC entries refer to the right inodes
+  (sessions/xattrs/times to live ones, GC entries to deleted ones).
 
 The check reads everything in one snapshot transaction, so it sees one
 consistent state even while servers keep running (it can then be slow on a
@@ -80,6 +80,7 @@ def check_namespace(db: Database, *, max_problems: int = 1000) -> FsckReport:
 
     inodes: dict[int, meta_pb2.Attr] = {}
     xattr_owners: set[int] = set()
+    times_owners: set[int] = set()
     for k, v in inode_rows:
         t = S.K.unpack(k)
         if len(t) == 2:
@@ -89,6 +90,8 @@ def check_namespace(db: Database, *, max_problems: int = 1000) -> FsckReport:
             inodes[int(t[1])] = rec.attr
         elif len(t) == 4 and t[2] == "x":
             xattr_owners.add(int(t[1]))
+        elif len(t) == 3 and t[2] == "t":
+            times_owners.add(int(t[1]))
         else:
             bad(f"unexpected key in inode subspace: {t!r}")
     rep.inodes = len(inodes)
@@ -171,6 +174,9 @@ def check_namespace(db: Database, *, max_problems: int = 1000) -> FsckReport:
     for ino in xattr_owners:
         if ino not in inodes:
             bad(f"xattrs of missing inode {ino}")
+    for ino in times_owners:
+        if ino not in inodes or not stat.S_ISDIR(inodes[ino].mode):
+            bad(f"directory times of missing or non-directory inode {ino}")
     for k, _ in gc_rows:
         rep.gc_entries += 1
         ino = int(S.K.unpack(k)[2])

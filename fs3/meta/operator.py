@@ -352,6 +352,8 @@ class MetaOperator:
         """Drop GC entries whose chunks are gone (idempotent)."""
         self._check_request(req, meta_pb2.AckGcRequest)
         self._require_root(req.user, "AckGc")
+        if len(req.ids) > 4096:
+            raise invalid("at most 4096 GC ids per AckGc")
         gb, ge = S.gc_range()
         for k in req.ids:
             if not gb <= k < ge:

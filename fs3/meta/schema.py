@@ -7,6 +7,7 @@ layer, so every engine orders them alike):
 key                                value
 =================================  =========================================
 ("in", ino)                        InodeRecord (meta.proto): Attr + symlink target
+("in", ino, "t")                   directories: (mtime_ns, ctime_ns), 2 x u64
 ("in", ino, "x", name)             raw xattr value bytes
 ("de", parent, name)               tuple (child ino, S_IFMT type bits)
 ("se", ino, session_id)            SessionRecord (open sessions, read and write)
@@ -14,6 +15,14 @@ key                                value
 ("id", shard)                      u64 counter of the inode batch allocator
 ("rq", request_id)                 IdemRecord (idempotent retries)
 =================================  =========================================
+
+A directory's mtime/ctime live in their own key, written *blindly* (never read
+with conflict): adding or removing a file only touches the parent's times, so
+creates/unlinks in one directory do not conflict with each other (3FS does not
+update the parent at all; we keep POSIX parent timestamps without the
+conflicts). Ops that change the parent's record (nlink, mode, ...) write both.
+Concurrent entry changes may leave the parent's mtime at any of their times
+(last writer wins), never older than before them.
 
 Names are ``bytes`` inside the key tuples, so a directory's entries sort by raw
 name bytes, which is what the readdir cursor relies on. Why one InodeRecord per
@@ -66,6 +75,8 @@ _P_SESSION = K.pack(K.SESSION)
 _P_REQUEST = K.pack(K.REQUEST)
 _P_DENTRY = K.pack(K.DENTRY)
 _X = K.pack("x")
+_T = K.pack("t")
+_TIMES = struct.Struct(">QQ")
 
 
 def inode_key(ino: int) -> bytes:
@@ -75,6 +86,24 @@ def inode_key(ino: int) -> bytes:
 def inode_range() -> tuple[bytes, bytes]:
     """Every ("in", ...) key: inode records and their xattrs."""
     return K.prefix_range(K.INODE)
+
+
+def dir_times_key(ino: int) -> bytes:
+    return _P_INODE + _int(ino) + _T
+
+
+def inode_children_range(ino: int) -> tuple[bytes, bytes]:
+    """Every key under ("in", ino, ...): times and xattrs (not the record itself)."""
+    return K.prefix_range(K.INODE, ino)
+
+
+def encode_times(mtime_ns: int, ctime_ns: int) -> bytes:
+    return _TIMES.pack(mtime_ns, ctime_ns)
+
+
+def decode_times(v: bytes) -> tuple[int, int]:
+    m, c = _TIMES.unpack(v)
+    return int(m), int(c)
 
 
 def xattr_key(ino: int, name: bytes) -> bytes:

@@ -56,6 +56,13 @@ class MetaTxn:
             return None
         rec = meta_pb2.InodeRecord.FromString(raw)
         node = Inode(rec.attr, rec.symlink_target)
+        if S.is_dir(node.attr):
+            # always a snapshot read: the times key is written blindly (see schema)
+            times = self.tr.get(S.dir_times_key(ino), snapshot=True)
+            if times is not None:
+                m, c = S.decode_times(times)
+                node.attr.mtime.CopyFrom(S.timespec(m))
+                node.attr.ctime.CopyFrom(S.timespec(c))
         self._cache[ino] = node
         return node
 
@@ -76,12 +83,26 @@ class MetaTxn:
         self._cache[node.ino] = node
         rec = meta_pb2.InodeRecord(attr=node.attr, symlink_target=node.symlink_target)
         self.tr.set(S.inode_key(node.ino), rec.SerializeToString())
+        if S.is_dir(node.attr):
+            self._put_times(node)
+
+    def _put_times(self, node: Inode) -> None:
+        a = node.attr
+        self.tr.set(S.dir_times_key(node.ino), S.encode_times(S.ts_ns(a.mtime), S.ts_ns(a.ctime)))
+
+    def touch_dir(self, node: Inode, now_ns: int) -> None:
+        """mtime = ctime = now on a directory whose entries changed (blind write, no conflict)."""
+        ts = S.timespec(now_ns)
+        node.attr.mtime.CopyFrom(ts)
+        node.attr.ctime.CopyFrom(ts)
+        self._cache[node.ino] = node
+        self._put_times(node)
 
     def delete_inode(self, ino: int) -> None:
-        """Remove the inode record and its xattrs."""
+        """Remove the inode record, its xattrs and (directories) its times key."""
         self._cache.pop(ino, None)
         self.tr.clear(S.inode_key(ino))
-        b, e = S.xattr_range(ino)
+        b, e = S.inode_children_range(ino)
         self.tr.clear_range(b, e)
 
     # -- directory entries ---------------------------------------------------------

@@ -16,6 +16,9 @@ WAITING / OFFLINE) with one chain-wide pass, :func:`next_chain`, which follows
 * a target mgmtd had given up on (WAITING/OFFLINE) that still claims UPTODATE
   (e.g. after a partition, it missed writes) is parked in WAITING, never
   promoted directly;
+* defensive additions for inputs the machine itself never produces: a second
+  SYNCING target waits, a second LASTSRV target goes OFFLINE, unknown states
+  count as OFFLINE;
 * the result is re-sorted by public state (SERVING, LASTSRV, SYNCING, WAITING,
   OFFLINE; stable within a state), so failed targets move to the end of the
   chain and a recovered target becomes the new tail once serving.

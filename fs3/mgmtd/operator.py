@@ -851,6 +851,8 @@ class MgmtdOperator:
             _, version = await self._write(st, _fn)
             for c in new_chains:
                 st.chains[c.chain_id] = c
+                if self.mcfg.new_chain_grace_s > 0:  # 3FS new-born chains: let nodes report first
+                    st.frozen_until[c.chain_id] = self.clock.time() + self.mcfg.new_chain_grace_s
             for nt in new_targets:
                 st.targets[nt.target_id] = nt
             st.tables[(table.table_id, table.version)] = table

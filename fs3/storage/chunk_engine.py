@@ -31,6 +31,8 @@ guards its own shared structures.
 from __future__ import annotations
 
 import abc
+import builtins
+import contextlib
 import errno as _errno
 import os
 import secrets
@@ -243,6 +245,9 @@ class FileChunkEngine(ChunkEngine):
         self._nonce = secrets.token_hex(4)
         self._seq = 0
         self._used = 0
+        self._cq = threading.Condition()  # group commit queue
+        self._queue: builtins.list[_CommitReq] = []
+        self._leading = False
         self._db = sqlite3.connect(str(self.root / "meta.db"), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={'FULL' if fsync else 'OFF'}")
@@ -282,14 +287,9 @@ class FileChunkEngine(ChunkEngine):
         return str(self.data_dir / rel)
 
     def _sync_file_and_dir(self, fd: int, rel: str) -> None:
-        if not self.fsync:
-            return
-        os.fsync(fd)
-        dfd = os.open(str(self.data_dir / rel.split("/")[0]), os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        """Make the staged data durable (its directory entry is fsync'd at commit, batched)."""
+        if self.fsync:
+            os.fdatasync(fd)
 
     def _check_room(self, growth: int) -> None:
         if growth <= 0:
@@ -527,48 +527,102 @@ class FileChunkEngine(ChunkEngine):
         return self._set_pending(PendingUpdate(key, update_ver, chain_ver, True))
 
     def commit(self, pending: PendingUpdate, chain_ver: int | None = None) -> ChunkMeta | None:
-        key = pending.key
-        cv = pending.chain_ver if chain_ver is None else chain_ver
-        with self._lock:
-            cur = self._pending.get(key)
-            if cur is not pending:
-                raise FsError(Code.INTERNAL, f"chunk {key}: commit of an update that is no longer staged")
-            old = self._metas.get(key)
-            try:
-                if pending.remove:
-                    self._db.execute("DELETE FROM chunks WHERE inode=? AND idx=?", (_i64(key.inode), key.index))
-                else:
-                    self._db.execute(
-                        "INSERT OR REPLACE INTO chunks VALUES (?,?,?,?,?,?,?,?)",
-                        (
-                            _i64(key.inode),
-                            key.index,
-                            pending.update_ver,
-                            cv,
-                            pending.length,
-                            pending.checksum,
-                            pending.block_crcs,
-                            pending.file,
-                        ),
-                    )
-            except sqlite3.Error as e:
-                if "full" in str(e).lower() or "disk" in str(e).lower():
-                    raise _no_space(f"commit chunk {key}: {e}") from None
-                raise FsError(Code.INTERNAL, f"commit chunk {key}: {e}") from None
-            del self._pending[key]
-            new: ChunkMeta | None = None
-            if pending.remove:
-                self._metas.pop(key, None)
+        """Publish ``pending`` (group commit: concurrent commits share one SQLite transaction).
+
+        The first caller that finds no batch in progress becomes the leader: it
+        takes every queued commit, fsyncs the directories of their new files once,
+        and writes all rows in one transaction (one WAL fsync). The others wait
+        for their result. A failing batch is retried one commit at a time so one
+        bad commit (e.g. NO_SPACE) fails alone.
+        """
+        req = _CommitReq(pending, pending.chain_ver if chain_ver is None else chain_ver)
+        with self._cq:
+            self._queue.append(req)
+            while not req.done and self._leading:
+                self._cq.wait()
+            if req.done:
+                return req.result()
+            self._leading = True
+            batch, self._queue = self._queue, []
+        try:
+            self._commit_batch(batch)
+        finally:
+            with self._cq:
+                self._leading = False
+                self._cq.notify_all()
+        return req.result()
+
+    def _commit_batch(self, batch: builtins.list[_CommitReq]) -> None:
+        try:
+            if self.fsync:
+                dirs = {r.pending.file.split("/")[0] for r in batch if r.pending.owns_file and r.pending.file}
+                for d in dirs:
+                    dfd = os.open(str(self.data_dir / d), os.O_RDONLY | os.O_DIRECTORY)
+                    try:
+                        os.fsync(dfd)
+                    finally:
+                        os.close(dfd)
+            self._commit_rows(batch)
+        except BaseException as exc:
+            if len(batch) > 1 and isinstance(exc, FsError):
+                for r in batch:  # isolate the failing commit
+                    try:
+                        self._commit_rows([r])
+                    except FsError as e:
+                        r.error = e
+                    r.done = True
             else:
-                new = ChunkMeta(
-                    key, pending.update_ver, cv, pending.length, pending.checksum, pending.block_crcs,
-                    pending.file, pending.update_ver,
-                )
-                self._metas[key] = new
-            self._used += (new.length if new else 0) - (old.length if old else 0)
-        if old is not None and old.file and (new is None or new.file != old.file):
-            self._unlink(old.file)  # open readers keep their descriptor; an orphan is swept at start
-        return new
+                for r in batch:
+                    r.error = exc if isinstance(exc, FsError) else FsError(Code.INTERNAL, f"commit: {exc}")
+                    r.done = True
+            return
+        finally:
+            for r in batch:
+                r.done = True
+
+    def _commit_rows(self, batch: builtins.list[_CommitReq]) -> None:
+        """Write the rows of ``batch`` in one transaction, then update memory and drop old files."""
+        unlink: builtins.list[str] = []
+        with self._lock:
+            for r in batch:
+                if self._pending.get(r.pending.key) is not r.pending:
+                    raise FsError(Code.INTERNAL, f"chunk {r.pending.key}: commit of an update that is no longer staged")
+            try:
+                self._db.execute("BEGIN")
+                for r in batch:
+                    p, key = r.pending, r.pending.key
+                    if p.remove:
+                        self._db.execute("DELETE FROM chunks WHERE inode=? AND idx=?", (_i64(key.inode), key.index))
+                    else:
+                        self._db.execute(
+                            "INSERT OR REPLACE INTO chunks VALUES (?,?,?,?,?,?,?,?)",
+                            (_i64(key.inode), key.index, p.update_ver, r.chain_ver, p.length, p.checksum,
+                             p.block_crcs, p.file),
+                        )
+                self._db.execute("COMMIT")
+            except sqlite3.Error as e:
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+                if "full" in str(e).lower() or "disk" in str(e).lower():
+                    raise _no_space(f"commit: {e}") from None
+                raise FsError(Code.INTERNAL, f"commit: {e}") from None
+            for r in batch:
+                p, key = r.pending, r.pending.key
+                del self._pending[key]
+                old = self._metas.get(key)
+                new: ChunkMeta | None = None
+                if p.remove:
+                    self._metas.pop(key, None)
+                else:
+                    new = ChunkMeta(key, p.update_ver, r.chain_ver, p.length, p.checksum, p.block_crcs, p.file,
+                                    p.update_ver)
+                    self._metas[key] = new
+                self._used += (new.length if new else 0) - (old.length if old else 0)
+                r.meta = new
+                if old is not None and old.file and (new is None or new.file != old.file):
+                    unlink.append(old.file)
+        for f in unlink:
+            self._unlink(f)  # open readers keep their descriptor; an orphan is swept at start
 
     def abort(self, key: ChunkKey) -> None:
         with self._lock:
@@ -647,6 +701,20 @@ class FileChunkEngine(ChunkEngine):
         for k in pend:
             self.abort(k)
         self._db.close()
+
+
+@dataclass
+class _CommitReq:
+    pending: PendingUpdate
+    chain_ver: int
+    done: bool = False
+    meta: ChunkMeta | None = None
+    error: BaseException | None = None
+
+    def result(self) -> ChunkMeta | None:
+        if self.error is not None:
+            raise self.error
+        return self.meta
 
 
 def _i64(v: int) -> int:

@@ -34,6 +34,7 @@ class Proc:
     config_path: Path
     log_path: Path
     address: str = ""
+    start_offset: int = 0  # where this incarnation's output starts in the (appended) log
 
     @property
     def pid(self) -> int:
@@ -49,31 +50,42 @@ class Proc:
             return ""
 
 
-def start(role: str, cfg: Any, workdir: Path, name: str, *, timeout_s: float = 30.0,
-          env: dict[str, str] | None = None) -> Proc:
-    """Write ``cfg`` as TOML under ``workdir`` and start ``fs3 <role> --config`` on it."""
+def spawn(role: str, cfg: Any, workdir: Path, name: str, *, env: dict[str, str] | None = None) -> Proc:
+    """Write ``cfg`` as TOML under ``workdir`` and start ``fs3 <role> --config`` on it (no waiting)."""
     workdir.mkdir(parents=True, exist_ok=True)
     cfg_path = workdir / f"{name}.toml"
     cfg_path.write_text(to_toml(cfg))
     log_path = workdir / f"{name}.log"
-    log = open(log_path, "wb")  # noqa: SIM115 - owned by the child's lifetime
+    log = open(log_path, "ab")  # noqa: SIM115 - the child keeps its own descriptor
     cmd = [sys.executable, "-c", "import sys; from fs3.cli.main import main; sys.exit(main())",
            role, "--config", str(cfg_path)]
     popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
                              start_new_session=True)
     log.close()
-    proc = Proc(name, role, popen, cfg_path, log_path)
+    return Proc(name, role, popen, cfg_path, log_path, start_offset=log_path.stat().st_size)
+
+
+def wait_ready(proc: Proc, timeout_s: float = 30.0) -> Proc:
+    """Wait until ``proc`` printed its address (this incarnation); kill it on failure."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        m = _LISTEN.search(log_path.read_text(errors="replace"))
+        with open(proc.log_path, "rb") as f:
+            f.seek(proc.start_offset)
+            m = _LISTEN.search(f.read().decode(errors="replace"))
         if m:
             proc.address = m.group(2)
             return proc
         if not proc.alive():
-            raise RuntimeError(f"{name} exited with {popen.returncode}:\n{proc.log_tail()}")
+            raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log_tail()}")
         time.sleep(0.02)
     kill(proc)
-    raise RuntimeError(f"{name} did not report its address within {timeout_s}s:\n{proc.log_tail()}")
+    raise RuntimeError(f"{proc.name} did not report its address within {timeout_s}s:\n{proc.log_tail()}")
+
+
+def start(role: str, cfg: Any, workdir: Path, name: str, *, timeout_s: float = 30.0,
+          env: dict[str, str] | None = None) -> Proc:
+    """:func:`spawn` then :func:`wait_ready`."""
+    return wait_ready(spawn(role, cfg, workdir, name, env=env), timeout_s)
 
 
 def kill(proc: Proc) -> None:
@@ -149,9 +161,12 @@ class MiniCluster:
         )
 
     def start(self) -> MiniCluster:
-        self.running["mgmtd-1"] = start("mgmtd", self.mgmtd_config(), self.root, "mgmtd-1")
+        """Start every process at once (storage retries registering until mgmtd is up)."""
+        self.running["mgmtd-1"] = spawn("mgmtd", self.mgmtd_config(), self.root, "mgmtd-1")
         for i in range(self.nodes):
-            self.start_storage(i)
+            self.running[f"storage-{i + 1}"] = spawn("storage", self.storage_config(i), self.root, f"storage-{i + 1}")
+        for p in list(self.running.values()):
+            wait_ready(p)
         return self
 
     def start_storage(self, i: int) -> Proc:

@@ -102,7 +102,8 @@ class Mount:
 
     def __init__(self, cluster_file: str, mountpoint: Path, *opts: str, env: dict[str, str] | None = None) -> None:
         self.mountpoint = mountpoint
-        mountpoint.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # a stale mount there answers ENOTCONN
+            mountpoint.mkdir(parents=True, exist_ok=True)
         self.log = str(mountpoint.parent / f"{mountpoint.name}.log")
         full_env = dict(os.environ, FS3_FUSE_LOG_FILE=self.log, **(env or {}))
         args = [*FS3, "mount", "--cluster", cluster_file, str(mountpoint)]

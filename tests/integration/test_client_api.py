@@ -9,16 +9,19 @@ the two traces must be identical.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import random
 import stat
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
+from fs3 import config as fs3config
 from fs3.testing.cluster import ProcessCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -363,6 +366,22 @@ def sc_attrs(fs: Any, t: Trace) -> None:
     t("listxattr_empty", fs.listxattr, "a")
 
 
+def sc_mtime(fs: Any, t: Trace) -> None:
+    with fs.open("mt", "wb") as f:
+        f.write(b"0123456789")
+    t("utime_old", fs.utime, "mt", ns=(1_000_000_000, 1_000_000_000))
+    with fs.open("mt", "r+b") as f:
+        f.write(b"abc")  # an overwrite: the length does not change
+    t("overwrite_moves_mtime", lambda: fs.stat("mt").st_mtime_ns > 1_000_000_000)
+    t("size", lambda: fs.stat("mt").st_size)
+    with fs.open("mt", "r+b") as f:
+        f.write(b"xyz")
+        f.flush()
+        t("utime_explicit", fs.utime, "mt", ns=(5_000_000_000, 7_000_000_000))
+    t("explicit_mtime_kept", lambda: fs.stat("mt").st_mtime_ns)
+    t("content", lambda: fs.open("mt", "rb").read())
+
+
 def sc_unlink_while_open(fs: Any, t: Trace) -> None:
     f = fs.open("u", "w+b")
     f.write(b"still here")
@@ -414,6 +433,7 @@ SCENARIOS = [
     sc_rename,
     sc_links,
     sc_attrs,
+    sc_mtime,
     sc_unlink_while_open,
     sc_random_io,
 ]
@@ -529,3 +549,75 @@ def test_readahead_and_write_behind_stay_coherent(client: Any) -> None:
     finally:
         r.close()
         w.close()
+
+
+def test_eof_length_from_storage(cluster: ProcessCluster) -> None:
+    """A reader may learn an unreported writer's length from storage (QueryLastChunk)."""
+    cfg = fs3config.load(fs3config.ClientConfig, None, env={})
+    cfg.client.eof_length_from_storage = True
+    slow = fs3config.load(fs3config.ClientConfig, None, env={})
+    slow.client.length_report_interval_s = 600.0  # the writer reports only at close
+    writer = cluster.connect(config=slow)
+    plain = cluster.connect()
+    eager = cluster.connect(config=cfg)
+    try:
+        with writer.open("/grow", "wb") as f:
+            f.write(b"x" * 10)
+        w = writer.open("/grow", "r+b")
+        w.seek(0, os.SEEK_END)
+        w.write(b"y" * (CHUNK + 100))  # into a second chunk (another chain)
+        w.flush()  # on storage now, length not yet reported to meta
+        with plain.open("/grow", "rb") as g:
+            assert g.read() == b"x" * 10  # meta's length
+        with eager.open("/grow", "rb") as g:
+            assert g.read() == b"x" * 10 + b"y" * (CHUNK + 100)
+        w.close()
+        with plain.open("/grow", "rb") as g:
+            assert len(g.read()) == 10 + CHUNK + 100  # reported at close
+    finally:
+        writer.close()
+        plain.close()
+        eager.close()
+
+
+def test_gc_worker_removes_chunks_of_unlinked_files(client: Any) -> None:
+    """The GC worker (fs3/client/gc.py) drains meta's queue and deletes chunks on every replica."""
+    from fs3.client.gc import GcWorker
+    from fs3.proto import storage_pb2
+    from fs3.rpc.channel import call
+
+    core = client.core
+
+    async def chunks_of(ino: int) -> int:
+        n = 0
+        routing = core.routing
+        for t in routing.targets():
+            node = routing.node(t.node_id)
+            r = await call(core.storage._stub(node.address).ListChunks,
+                           storage_pb2.ListChunksRequest(target_id=t.target_id, inode=ino), timeout=10)
+            n += len(r.metas)
+        return n
+
+    with client.open("/gc-victim", "wb") as f:
+        f.write(random.Random(5).randbytes(2 * CHUNK + 5))
+    ino = client.stat("/gc-victim").st_ino
+    assert client.bridge.run(chunks_of(ino)) == 3 * 3  # 3 chunks x 3 replicas
+    client.unlink("/gc-victim")
+
+    worker = GcWorker(
+        list_gc=lambda r: core.meta.call("ListGc", r),
+        ack_gc=lambda r: core.meta.call("AckGc", r),
+        storage=core.storage,
+    )
+
+    async def drain() -> int:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            await worker.run_once()
+            left = await chunks_of(ino)
+            if left == 0:
+                return 0
+            await asyncio.sleep(0.1)
+        return await chunks_of(ino)
+
+    assert client.bridge.run(drain()) == 0

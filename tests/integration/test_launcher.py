@@ -166,7 +166,7 @@ def test_cli_up_status_kill_restart_down_cycle(cluster_dir: Path) -> None:
     wipe = run_cli("down", "--dir", str(d), "--wipe")
     assert wipe.returncode == 0, wipe.stderr
     assert_nothing_running(d)
-    assert not (d / "state.json").exists() and not (d / "data").exists() and not (d / "kv").exists()
+    assert not d.exists(), "--wipe removes everything the launcher created"
 
 
 # --------------------------------------------------------------------------- error cases

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -214,14 +215,19 @@ def test_one_leader_and_followers_redirect(procs: MgmtdProcs) -> None:
 def test_kill_9_leader_another_takes_over_and_the_old_one_follows(procs: MgmtdProcs) -> None:
     leader = procs.wait_leader()
     before = procs.routing_from(leader)
+    killed_at = time.time()
     procs.kill(leader, signal.SIGKILL)
     t0 = time.monotonic()
     others = [i for i in range(3) if i != leader]
     new = procs.wait_leader(others, timeout=10)
-    elapsed = time.monotonic() - t0
-    # bound: the lease runs out at most LEASE_S after the last renewal, and the
-    # followers retry at expiry; 0.3 s of slack for polling and scheduling
-    assert elapsed <= LEASE_S + RENEW_S + 0.3, f"takeover took {elapsed:.2f}s"
+    polled = time.monotonic() - t0
+    # The bound: the dead leader's lease runs out at most LEASE_S after its last
+    # renewal, and followers retry right at expiry. Measured from the new leader's
+    # own "lease gained" log line (wall clock, ms), so the test's polling on a busy
+    # machine does not count; the polled time only gets a loose sanity bound.
+    gained = _last_lease_gained(procs.log(new))
+    assert gained - killed_at <= LEASE_S + RENEW_S, f"takeover took {gained - killed_at:.2f}s"
+    assert polled <= LEASE_S + RENEW_S + 3.0, f"leader visible only after {polled:.2f}s"
     after = wait_until(lambda: _try_routing(procs, new), 5, "routing from the new leader")
     assert after.version > before.version
     assert [c.SerializeToString() for c in after.chains] == [c.SerializeToString() for c in before.chains]
@@ -233,6 +239,14 @@ def test_kill_9_leader_another_takes_over_and_the_old_one_follows(procs: MgmtdPr
         procs.routing_from(leader)
     assert ei.value.code == Code.NOT_LEADER
     assert procs.leaders() == [new]
+
+
+def _last_lease_gained(log_text: str) -> float:
+    """Wall-clock time of the last 'lease gained' line of an fs3 log."""
+    lines = [ln for ln in log_text.splitlines() if " lease gained " in ln]
+    assert lines, "no 'lease gained' in the new leader's log"
+    stamp = lines[-1].split()[0]  # 2026-11-29T09:56:47.250 (local time)
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%f").timestamp()
 
 
 def _try_routing(m: MgmtdProcs, i: int) -> pb.RoutingInfo | None:

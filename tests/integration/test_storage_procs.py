@@ -57,11 +57,17 @@ def _all_serving(r: Routing) -> bool:
 
 
 def test_kill9_storage_process_then_resync(cluster: procs.MiniCluster) -> None:
+    t0 = time.monotonic()
+
+    def mark(what: str) -> None:  # shown when the test fails
+        print(f"{time.monotonic() - t0:7.2f}s {what}", flush=True)
+
     async def main() -> None:
         admin = MgmtdClient.from_cluster_file(str(cluster.cluster_file), timeout_s=2.0, retry_deadline_s=20.0)
         cl = DirectStorageClient(admin, "tcp", retry_deadline_s=30.0)
         try:
             await _wait(admin, lambda r: all(r.has_target(t) for t in (101, 201, 301)), 20, "registration")
+            mark("registered")
             await admin.create_chain_table(1, 3)
             r = await _wait(admin, _all_serving, 20, "all serving")
             chain = r.chains()[0].chain_id
@@ -88,15 +94,22 @@ def test_kill9_storage_process_then_resync(cluster: procs.MiniCluster) -> None:
 
             w = asyncio.create_task(writer())
             await until(30)
+            mark(f"{writes} writes")
             victim = r.chain_targets(chain)[1]
             cluster.kill(f"storage-{victim // 100}")
+            mark("killed")
             await _wait(admin, lambda r: r.target_state(chain, victim) != SERVING, 20, "victim offline")
+            mark("victim offline")
             await until(writes + 30)
+            mark(f"{writes} writes")
             cluster.start_storage(victim // 100 - 1)
+            mark("restarted")
             await _wait(admin, _all_serving, 60, "all serving after restart")
+            mark("all serving")
             await until(writes + 10)
             stop.set()
             await w
+            mark(f"{writes} writes; comparing")
             r = await cl.refresh()
             metas = {}
             for tid in r.chain_targets(chain):

@@ -113,8 +113,11 @@ def new_node(
     node = Inode(attr, symlink_target)
     tx.put_inode(node)
     tx.set_entry(parent.ino, name, ino, ftype)
-    touch(pa, ctx.now_ns)
-    tx.put_inode(parent)
+    if ftype == stat.S_IFDIR:
+        touch(pa, ctx.now_ns)
+        tx.put_inode(parent)  # nlink changed
+    else:
+        tx.touch_dir(parent, ctx.now_ns)  # times only: no conflict with sibling creates
     return node
 
 

@@ -112,8 +112,7 @@ def link(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.LinkRequest) -> meta_pb2.AttrRes
     node.attr.nlink += 1
     touch(node.attr, ctx.now_ns, mtime=False)
     tx.put_inode(node)
-    touch(parent.attr, ctx.now_ns)
-    tx.put_inode(parent)
+    tx.touch_dir(parent, ctx.now_ns)
     return meta_pb2.AttrResponse(attr=S.public_attr(node.attr))
 
 
@@ -139,8 +138,7 @@ def unlink(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.RemoveRequest) -> meta_pb2.Rem
     if S.is_dir(child.attr):
         raise posix(errno.EISDIR, f"{req.name!r} is a directory")
     tx.clear_entry(parent.ino, req.name)
-    touch(parent.attr, ctx.now_ns)
-    tx.put_inode(parent)
+    tx.touch_dir(parent, ctx.now_ns)
     removed = drop_link(tx, ctx, child)
     return meta_pb2.RemoveResponse(inode=child.ino, inode_removed=removed)
 
@@ -170,6 +168,16 @@ def _remove_empty_dir(tx: MetaTxn, ctx: OpCtx, parent: Inode, name: bytes, child
     parent.attr.nlink = max(parent.attr.nlink - 1, 2)
     touch(parent.attr, ctx.now_ns)
     tx.put_inode(parent)
+
+
+def _touch_parents(tx: MetaTxn, ctx: OpCtx, sp: Inode, dp: Inode, *, nlink_changed: bool) -> None:
+    """mtime/ctime = now on both parents; rewrite their records only if nlink changed."""
+    for p in (sp, dp):
+        if nlink_changed:
+            touch(p.attr, ctx.now_ns)
+            tx.put_inode(p)
+        else:
+            tx.touch_dir(p, ctx.now_ns)
 
 
 def _check_not_ancestor(tx: MetaTxn, moved: int, start: int) -> None:
@@ -246,9 +254,7 @@ def rename(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.RenameRequest) -> meta_pb2.Ren
         for node in (s, d):
             touch(node.attr, ctx.now_ns, mtime=False)
             tx.put_inode(node)
-        for p in (sp, dp):
-            touch(p.attr, ctx.now_ns)
-            tx.put_inode(p)
+        _touch_parents(tx, ctx, sp, dp, nlink_changed=moving and (s_dir or d_dir))
         return meta_pb2.RenameResponse(inode=s.ino, replaced_inode=d.ino)
 
     if d is not None:
@@ -275,8 +281,6 @@ def rename(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.RenameRequest) -> meta_pb2.Ren
         s.attr.parent = dp.ino
     touch(s.attr, ctx.now_ns, mtime=False)
     tx.put_inode(s)
-    for p in (sp, dp):
-        touch(p.attr, ctx.now_ns)
-        tx.put_inode(p)
+    _touch_parents(tx, ctx, sp, dp, nlink_changed=(s_dir and moving) or d_dir)
     return meta_pb2.RenameResponse(inode=s.ino, replaced_inode=d.ino if d is not None else 0)
 

@@ -451,3 +451,39 @@ def test_report_target_error_counts(clock: FakeClock) -> None:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock(start=1_000_000.0)
+
+
+@pytest.mark.timeout(10)
+def test_metrics_follow_the_state(clock: FakeClock) -> None:
+    from prometheus_client import REGISTRY
+
+    async def main() -> None:
+        m, hb = await cluster3(clock)
+        assert REGISTRY.get_sample_value("fs3_mgmtd_is_leader") == 1
+        assert REGISTRY.get_sample_value("fs3_mgmtd_routing_version") == m.op.routing().version
+        ok_before = REGISTRY.get_sample_value("fs3_mgmtd_heartbeats_total", {"result": "ok"}) or 0
+        await beat_all(m, hb, ALL_UP)
+        assert REGISTRY.get_sample_value("fs3_mgmtd_heartbeats_total", {"result": "ok"}) == ok_before + 3
+        clock.advance(6.0)
+        await m.op.run_once()
+        assert REGISTRY.get_sample_value("fs3_mgmtd_nodes", {"status": "offline"}) == 3
+        await m.op.on_lease_lost("test")
+        assert REGISTRY.get_sample_value("fs3_mgmtd_is_leader") == 0
+
+    run(main)
+
+
+@pytest.mark.timeout(10)
+def test_new_chain_grace_freezes_the_state_machine(clock: FakeClock) -> None:
+    async def main() -> None:
+        m, hb = await cluster3(clock, new_chain_grace_s=3.0)
+        await beat_all(m, hb, {**ALL_UP, 101: OFF})
+        await m.op.run_once()
+        tchain = Routing(m.op.routing()).target(101).chain_id
+        assert Routing(m.op.routing()).chain(tchain).version == 1  # frozen
+        clock.advance(3.5)
+        await beat_all(m, hb, {**ALL_UP, 101: OFF})
+        await m.op.run_once()
+        assert Routing(m.op.routing()).chain(tchain).version == 2
+
+    run(main)

@@ -1,0 +1,38 @@
+"""RoutingChainTables: chain tables and capacity figures from routing info."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from fs3.client.routing import Routing
+from fs3.meta.server import RoutingChainTables
+from fs3.proto import mgmtd_pb2
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def routing() -> Routing:
+    info = mgmtd_pb2.RoutingInfo(version=5)
+    for tid, cap, used, free in ((101, 1000, 100, 900), (102, 800, 300, 500), (201, 2000, 0, 2000)):
+        info.targets.add(target_id=tid, capacity_bytes=cap, used_bytes=used, free_bytes=free)
+    info.chains.add(chain_id=1, version=1, targets=[mgmtd_pb2.ChainTargetInfo(target_id=101),
+                                                    mgmtd_pb2.ChainTargetInfo(target_id=102)])
+    info.chains.add(chain_id=2, version=1, targets=[mgmtd_pb2.ChainTargetInfo(target_id=201)])
+    info.chain_tables.add(table_id=1, version=1, chain_ids=[1])
+    info.chain_tables.add(table_id=1, version=2, chain_ids=[1, 2])
+    return Routing(info)
+
+
+def test_latest_table_and_space() -> None:
+    src = RoutingChainTables(SimpleNamespace(current=routing()))
+    assert src.latest_table(1) == (2, [1, 2])
+    assert src.latest_table(9) is None
+    # chain 1 holds as much as its smallest replica; chain 2 has one replica
+    assert src.space() == (800 + 2000, 300 + 0, 500 + 2000)
+
+
+def test_empty_routing() -> None:
+    src = RoutingChainTables(SimpleNamespace(current=Routing.empty()))
+    assert src.latest_table(1) is None and src.space() is None
