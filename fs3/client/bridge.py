@@ -93,7 +93,7 @@ class Bridge:
         return threading.current_thread() is self._thread
 
     def _check(self, coro: Coroutine[Any, Any, Any]) -> None:
-        if self._closed:
+        if self._closed or not self._thread.is_alive():
             coro.close()
             raise RuntimeError("bridge is closed")
         if self.in_loop_thread():

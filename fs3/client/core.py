@@ -579,7 +579,9 @@ class AsyncClient:
         )
         if r.need_truncate:
             try:
+                await self._wait_inode(h.inode)  # our own writes in flight must not land after it
                 await self._trim(attr, int(attr.size))
+                self._after_truncate(attr)
             except BaseException:
                 if h.session_id:
                     with contextlib.suppress(FsError):

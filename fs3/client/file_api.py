@@ -23,12 +23,14 @@ How it is built:
 
 from __future__ import annotations
 
+import atexit
 import errno as _errno
 import functools
 import io
 import os
 import stat as _stat
 import threading
+import weakref
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -86,6 +88,7 @@ class Client:
         self.umask = _current_umask()
         self._closed = False
         self._lock = threading.Lock()
+        self._files: weakref.WeakSet[Any] = weakref.WeakSet()  # open file objects (outermost)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -121,7 +124,12 @@ class Client:
             (me.groups if uid is None and gid is None else ()) if groups is None else tuple(groups),
             me.pid,
         )
-        return cls(core, br, caller=caller, owns_bridge=own)
+        client = cls(core, br, caller=caller, owns_bridge=own)
+        # Like built-in files flushed at exit: close sessions (reporting lengths)
+        # while the bridge thread still runs, not from __del__ during teardown.
+        ref = weakref.ref(client)
+        atexit.register(_close_at_exit, ref)
+        return client
 
     @property
     def core(self) -> AsyncClient:
@@ -134,6 +142,14 @@ class Client:
 
     def close(self) -> None:
         """Close open files' sessions, the connections and (if owned) the bridge."""
+        with self._lock:
+            if self._closed:
+                return
+        for f in list(self._files):  # flush buffers and close sessions, as interpreter exit does for files
+            try:
+                f.close()
+            except Exception:
+                pass
         with self._lock:
             if self._closed:
                 return
@@ -194,6 +210,7 @@ class Client:
                 )
             line_buffering = buffering == 1 and not binary
             if buffering == 0:
+                self._files.add(raw)
                 return raw
             size = DEFAULT_BUFFER_SIZE if buffering in (-1, 1) else buffering
             buffered: io.BufferedIOBase
@@ -204,9 +221,11 @@ class Client:
             else:
                 buffered = BufferedReader(raw, size)
             if binary:
+                self._files.add(buffered)
                 return buffered
             text = TextIOWrapper(buffered, encoding, errors, newline, line_buffering)
             text.mode = mode  # type: ignore[misc]
+            self._files.add(text)
             return text
         except BaseException:
             raw.close()
@@ -871,6 +890,15 @@ class ScandirIterator:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _close_at_exit(ref: weakref.ReferenceType[Client]) -> None:
+    client = ref()
+    if client is not None and not client._closed:
+        try:
+            client.close()
+        except Exception:  # exit must not hang or fail because a server is gone
+            pass
 
 
 def _refuse_dir(attr: meta_pb2.Attr) -> None:

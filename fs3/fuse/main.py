@@ -218,7 +218,9 @@ def serve(cluster: str, mountpoint: str, cfg: _config.ClientConfig, extra: set[s
 
     from fs3.client.bridge import Bridge
     from fs3.errors import FsError
-    from fs3.fuse.ops import Fs3Operations, FuseClient
+    from fs3.fuse.ops import Fs3Operations, FuseClient, UsrbioBackend
+    from fs3.usrbio.agent import UsrbioAgent
+    from fs3.usrbio.shm import agent_socket_path
 
     bridge = Bridge("fs3-fuse-client")
     try:
@@ -244,6 +246,11 @@ def serve(cluster: str, mountpoint: str, cfg: _config.ClientConfig, extra: set[s
         async with trio.open_nursery() as bg:
             ops.nursery = bg
             bg.start_soon(ops.age_flusher)
+            agent = UsrbioAgent(UsrbioBackend(ops))
+            try:
+                await bg.start(agent.serve, agent_socket_path(mountpoint))
+            except Exception as e:  # noqa: BLE001 - the mount works without USRBIO
+                log.warning("USRBIO agent not started: %s", e)
             async with trio.open_nursery() as n:
 
                 async def on_signals() -> None:

@@ -712,19 +712,31 @@ class Fs3Operations(pyfuse3.Operations):
 
     # ================================================================== files
 
-    def _open_info(self, of: OpenFile, attr: meta_pb2.Attr) -> pyfuse3.FileInfo:
+    async def _open_info(self, of: OpenFile, attr: meta_pb2.Attr) -> pyfuse3.FileInfo:
         """keep_cache only if the file is unchanged since the kernel last heard of it."""
         ino = of.h.inode
         fp = (int(attr.size), _ts_ns(attr.mtime), _ts_ns(attr.ctime))
         seen = self._seen.get(ino)
         keep = seen is not None and seen[0] == fp[0] and seen[1] == fp[1] and not of.ist.busy
         if not keep and seen is not None:
-            try:
-                pyfuse3.invalidate_inode(ino, attr_only=False)
-            except OSError:
-                pass  # the kernel does not know the inode (yet): nothing cached
+            await self._invalidate(ino)  # before replying: the opener must see the new size
         self._seen[ino] = fp
         return pyfuse3.FileInfo(fh=of.h.fh, direct_io=of.direct, keep_cache=keep and not of.direct)
+
+    def _invalidate_soon(self, ino: int) -> None:
+        """Drop the kernel's cached attributes and pages of ``ino``, from a worker thread.
+
+        Never from the trio thread: the kernel may wait for a page lock held by a
+        read request that only this daemon can answer.
+        """
+        if self.nursery is not None:
+            self.nursery.start_soon(self._invalidate, ino)
+
+    async def _invalidate(self, ino: int) -> None:
+        try:
+            await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ino, False)
+        except OSError:
+            pass  # the kernel does not know the inode (any more): nothing cached
 
     @_guard
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
@@ -737,7 +749,7 @@ class Fs3Operations(pyfuse3.Operations):
             of.ist.pending_end = 0
             of.ist.pending_tv = h.truncate_version
         attr = h.attr
-        return self._open_info(of, attr)
+        return await self._open_info(of, attr)
 
     @_guard
     async def create(
@@ -851,3 +863,57 @@ class Fs3Operations(pyfuse3.Operations):
                 log.error("release of fh %d left %d buffered bytes of inode %d", fh, len(ist.buf), ist.inode)
             if not ist.files and not ist.busy:
                 self.inodes.pop(ist.inode, None)
+
+
+class UsrbioBackend:
+    """The USRBIO agent's I/O backend for this mount (issue 6 §8).
+
+    Ring I/Os address inodes; like 3FS, an inode must be open in this daemon
+    (``reg_fd`` keeps the application's fd, hence its FUSE handle, open) in the
+    ring's direction, and the application's credentials must allow it (meta's
+    access check, once per ring and inode). Data goes straight between the Iov
+    mapping and the client core (``readinto``/``write`` with memoryviews);
+    buffered FUSE writes of the inode are written first so both paths agree,
+    and the kernel's page cache of the inode is dropped after USRBIO writes.
+    """
+
+    def __init__(self, ops: Fs3Operations) -> None:
+        self.ops = ops
+
+    def _open_file(self, inode: int, write: bool) -> OpenFile:
+        ist = self.ops.inodes.get(inode)
+        if ist is not None:
+            for of in ist.files:
+                if (of.h.writable if write else of.h.readable) and not of.h.closed:
+                    return of
+        raise FsError(Code.BAD_FD, f"inode {inode} is not open for {'writing' if write else 'reading'} on this mount",
+                      errno=errno.EBADF)
+
+    async def authorize(self, inode: int, *, uid: int, gid: int, pid: int, write: bool) -> None:
+        self._open_file(inode, write)
+        caller = Caller.from_pid(uid, gid, pid)
+        await self.ops._call(self.ops.client.access(caller, inode, os.W_OK if write else os.R_OK))
+
+    async def read(self, inode: int, file_offset: int, dest: memoryview) -> int:
+        of = self._open_file(inode, False)
+        if of.ist.busy:
+            await self.ops._settle(of.ist)
+        return await self.ops._call(self.ops.client.readinto(of.h, file_offset, dest))
+
+    async def write(self, inode: int, file_offset: int, src: memoryview) -> int:
+        of = self._open_file(inode, True)
+        ist = of.ist
+        if ist.busy:
+            await self.ops._settle(ist)
+        ist.mtime_ns = time.time_ns()
+        n = await self.ops._call(self.ops.client.write(of.h, file_offset, src))
+        if ist.pending_tv == of.h.truncate_version:
+            ist.pending_end = max(ist.pending_end, file_offset + n)
+        self.ops._invalidate_soon(inode)
+        return n
+
+    async def attach_region(self, region: Any) -> None:
+        await self.ops._call(self.ops.client.transport.register_region(region))
+
+    async def detach_region(self, region: Any) -> None:
+        await self.ops._call(self.ops.client.transport.unregister_region(region))

@@ -36,7 +36,7 @@ from fs3.kv import Database, Transaction
 from fs3.logs import event
 from fs3.meta import schema as S
 from fs3.meta.alloc import InodeAllocator
-from fs3.meta.layout import ChainAllocator, ChainTableSource, NoChainTables, validate_layout
+from fs3.meta.layout import ChainAllocator, ChainTableSource, NoChainTables
 from fs3.meta.ops import attrs, files, namespace, xattrs
 from fs3.meta.ops.common import OpCtx, release
 from fs3.meta.store import Inode, MetaTxn
@@ -152,7 +152,7 @@ class MetaOperator:
             ctx = self._ctx(req.user, new_ino)
             resp = op(ctx, tx, req)
             used = ctx.ino_used
-            if rid:
+            if rid and ctx.changed:
                 tx.put_idem(rid, meta_pb2.IdemRecord(time=ctx.now_ns / 1e9, response=resp.SerializeToString(), op=name))
             return resp  # type: ignore[no-any-return]
 
@@ -387,4 +387,4 @@ class MetaOperator:
             begin = rows[-1][0] + b"\x00"
 
 
-__all__ = ["MetaOperator", "validate_layout"]
+__all__ = ["MetaOperator"]

@@ -139,12 +139,14 @@ class ChunkEngine(abc.ABC):
         chain_ver: int,
         chunk_size: int,
         replace_all: bool = False,
+        checksum: int | None = None,
     ) -> PendingUpdate:
         """Stage writing ``data`` at ``offset`` on top of the committed version.
 
         ``replace_all``: the chunk's content becomes exactly ``data`` (offset must
         be 0) — full-chunk replace used by resync and re-driven updates.
-        Replaces any previously staged update of ``key``.
+        ``checksum``: the CRC32C of ``data`` if the caller already verified it
+        (saves one pass over the payload). Replaces any previously staged update.
         """
 
     @abc.abstractmethod
@@ -394,6 +396,7 @@ class FileChunkEngine(ChunkEngine):
         chain_ver: int,
         chunk_size: int,
         replace_all: bool = False,
+        checksum: int | None = None,
     ) -> PendingUpdate:
         length = len(data)
         self._check_bounds(offset, length, chunk_size)
@@ -440,7 +443,7 @@ class FileChunkEngine(ChunkEngine):
                 raise
             # checksums of the new content
             if full:
-                crc = crc32c(data)
+                crc = crc32c(data) if checksum is None else checksum
                 blocks = _block_crcs(data, bs)
             else:
                 # Partial update: checksum the resulting content (a page-cache read of

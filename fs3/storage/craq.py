@@ -356,7 +356,7 @@ class Replicator:
         if io.type == WRITE:
             return await self.run_blocking(
                 eng.stage_write, key, io.offset, data, update_ver=update_ver, chain_ver=chain_ver,
-                chunk_size=io.chunk_size, replace_all=replace_all,
+                chunk_size=io.chunk_size, replace_all=replace_all, checksum=io.checksum,
             )
         if io.type in (TRUNCATE, EXTEND):
             return await self.run_blocking(
@@ -385,8 +385,16 @@ class Replicator:
             try:
                 res = await self._send(t, succ, p, io, data, full=redrive or io is None)
             except FsError as e:
-                if not e.retryable or time.monotonic() + delay > deadline:
+                if e.code == Code.MISSING_UPDATE and not redrive:
+                    redrive = True  # the successor missed an update: send the whole chunk instead
+                    continue
+                if not e.retryable and e.code != Code.CHECKSUM_MISMATCH:
+                    # A definite refusal (e.g. NO_SPACE, bad input) downstream: no replica
+                    # committed this version, so drop ours; the client sees the error.
+                    await self.run_blocking(t.engine.abort, p.key)
                     raise
+                if not e.retryable or time.monotonic() + delay > deadline:
+                    raise  # may have been committed downstream: stays pending, re-driven later
                 M.FORWARD_RETRIES.labels(str(t.target_id)).inc()
                 log.info(
                     "forward chunk %s of chain %d to target %d failed (%s); retrying",

@@ -474,6 +474,32 @@ def read_chunk_bytes(cf: ChunkFile) -> bytes:
         return f.read(cf.length)
 
 
+def read_replica(pc: Any, target_id: int, inode: int, index: int, length: int = 1 << 20) -> tuple[int, bytes]:
+    """Read one chunk from one chosen replica over ``BatchRead`` (bypassing the client's replica choice).
+
+    Returns (fs3 error code or 0, data). Used to make sure a corrupt replica is
+    actually read (which is what triggers its detection and repair).
+    """
+    from fs3.proto import storage_pb2, storage_pb2_grpc
+    from fs3.rpc.channel import call_sync, sync_channel
+
+    s = pc.status()
+    t = next(x for x in s["targets"] if x["id"] == target_id)
+    chain = next(c for c in s["chains"] if c["id"] == t["chain"])
+    addr = next(p["address"] for p in s["processes"] if p["name"] == t["node"])
+    ch = sync_channel(addr)
+    try:
+        io = storage_pb2.ReadIO(chain_id=chain["id"], chain_version=chain["version"],
+                                chunk=storage_pb2.ChunkId(inode=inode, index=index), offset=0, length=length,
+                                target_id=target_id)
+        r = call_sync(storage_pb2_grpc.StorageServiceStub(ch).BatchRead, storage_pb2.BatchReadRequest(ios=[io]),
+                      timeout=10)
+        res = r.results[0]
+        return int(res.error.code), bytes(res.data)
+    finally:
+        ch.close()
+
+
 # --------------------------------------------------------------------------- entry point
 
 

@@ -819,3 +819,32 @@ def test_concurrent_servers_keep_invariants(db: Database) -> None:
     assert not errors, errors
     rep = check_namespace(db)
     assert rep.ok, str(rep)
+
+
+def test_creates_in_one_directory_do_not_conflict(db: Database) -> None:
+    """File creates/unlinks only touch the parent's times key (blind write): no retries."""
+    op = MetaOperator(db, MetaSection(inode_batch=4096), StaticChainTables({1: [1]}))
+    d = op.mkdir(F.MkdirRequest(user=ROOT, request_id=rid(), parent=1, name=b"d", mode=0o777)).attr
+    t = common_pb2.Timespec(sec=100, nsec=5)
+    op.setattr(F.SetAttrRequest(user=ROOT, request_id=rid(), inode=d.inode, valid=F.SETATTR_MTIME, mtime=t))
+    assert ns(op.getattr(F.GetAttrRequest(user=ROOT, inode=d.inode)).attr.mtime) == ns(t)
+    base = db.retries
+
+    def worker(k: int) -> None:
+        for i in range(25):
+            op.mknod(F.MknodRequest(user=ROOT, request_id=rid(), parent=d.inode, name=b"f%d-%d" % (k, i),
+                                    mode=stat.S_IFREG | 0o644))
+            if i % 5 == 0:
+                op.unlink(F.RemoveRequest(user=ROOT, request_id=rid(), parent=d.inode, name=b"f%d-%d" % (k, i)))
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    assert db.retries == base
+    a = op.getattr(F.GetAttrRequest(user=ROOT, inode=d.inode)).attr
+    assert ns(a.mtime) > ns(t) and ns(a.ctime) == ns(a.mtime) and a.nlink == 2
+    assert len(Fs(op).names(d.inode)) == 80
+    rep = check_namespace(db)
+    assert rep.ok, str(rep)

@@ -621,3 +621,19 @@ def test_gc_worker_removes_chunks_of_unlinked_files(client: Any) -> None:
         return await chunks_of(ino)
 
     assert client.bridge.run(drain()) == 0
+
+
+def test_unclosed_file_is_flushed_at_exit(cluster: ProcessCluster, client: Any) -> None:
+    """A program that exits without closing its file still gets its data and length recorded."""
+    import subprocess
+    import sys
+
+    code = (
+        "import fs3\n"
+        f"c = fs3.connect({cluster.cluster_file!r})\n"
+        "f = c.open('/at-exit', 'w')\n"
+        "f.write('buffered text, never closed')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    with client.open("/at-exit") as f:
+        assert f.read() == "buffered text, never closed"

@@ -616,3 +616,79 @@ def test_files_created_by_other_user_are_theirs(d: Path) -> None:
     for n in ("nd", "nf"):
         st = os.stat(d / n)
         assert (st.st_uid, st.st_gid) == (NOBODY, 4000)
+
+
+# ---------------------------------------------------------------------------- USRBIO (hosted by the daemon)
+
+
+def test_usrbio_through_the_mount_daemon(cluster: ProcessCluster, d: Path) -> None:
+    from fs3.errors import FsError
+    from fs3.usrbio import Ior, Iov, dereg_fd, prep_io, reg_fd, submit_ios, wait_for_ios
+
+    mnt = str(cluster.mountpoint)
+    data = random.Random(8).randbytes(4 * CHUNK)
+    (d / "u.bin").write_bytes(data)
+    with Iov(mnt, 4 * CHUNK) as iov:
+        fd = os.open(d / "u.bin", os.O_RDWR)
+        reg_fd(fd)
+        try:
+            with Ior(mnt, entries=8, for_read=True) as rd:
+                for i in range(4):
+                    prep_io(rd, iov, i * CHUNK, fd, i * CHUNK, CHUNK, userdata=i)
+                submit_ios(rd)
+                done = wait_for_ios(rd, max_results=4, min_results=4, timeout=30)
+                assert sorted(c.userdata for c in done) == [0, 1, 2, 3]
+                assert all(c.result == CHUNK for c in done), [c.result for c in done]
+                assert bytes(iov.buf) == data
+            # write through the ring; the mount sees it (kernel cache dropped)
+            iov.buf[:CHUNK] = b"W" * CHUNK
+            with Ior(mnt, entries=4, for_read=False) as wr:
+                prep_io(wr, iov, 0, fd, CHUNK // 2, CHUNK, userdata="w")
+                submit_ios(wr)
+                (c,) = wait_for_ios(wr, max_results=1, min_results=1, timeout=30)
+                assert c.result == CHUNK
+        finally:
+            dereg_fd(fd)
+            os.close(fd)
+        expect = data[: CHUNK // 2] + b"W" * CHUNK + data[CHUNK // 2 + CHUNK :]
+        assert (d / "u.bin").read_bytes() == expect
+        # a ring I/O on an inode this mount has not open is refused (-EBADF), not served
+        other = d / "closed.bin"
+        other.write_bytes(b"x" * 4096)
+        fd2 = os.open(other, os.O_RDONLY)
+        reg_fd(fd2)
+        with Ior(mnt, entries=2, for_read=True) as rd:
+            prep_io(rd, iov, 0, fd2, 0, 4096)
+            os.close(fd2)  # the pin (dup) keeps it open ...
+            submit_ios(rd)
+            (c,) = wait_for_ios(rd, max_results=1, min_results=1, timeout=30)
+            assert c.result == 4096  # ... so this still works
+        dereg_fd(fd2)
+    with pytest.raises(FsError):
+        Iov(str(d), 4096)  # not a mount point: no agent there
+
+
+# ---------------------------------------------------------------------------- failover (last: disturbs the cluster)
+
+
+def test_operations_survive_meta_and_storage_failures(cluster: ProcessCluster, d: Path) -> None:
+    """A killed meta or storage node stalls operations on the mount; they complete after failover."""
+    data = os.urandom(2 * CHUNK + 5)
+    cluster.kill("meta-1")
+    try:
+        for i in range(3):
+            (d / f"m{i}").write_bytes(data)
+        assert sorted(os.listdir(d)) == ["m0", "m1", "m2"]
+        assert (d / "m1").read_bytes() == data
+    finally:
+        cluster.restart("meta-1")
+    cluster.kill("storage-3")  # every chain has a replica there (3 replicas on 3 nodes)
+    fd = os.open(d / "during-storage-failure", os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)  # waits for the chain to drop the dead replica, then commits
+    finally:
+        os.close(fd)
+    assert (d / "during-storage-failure").read_bytes() == data
+    assert (d / "m2").read_bytes() == data
+    cluster.restart("storage-3")

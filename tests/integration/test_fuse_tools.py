@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.fuse, needs_fuse, pytest.mark
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ProcessCluster]:
     base = world_dir("fs3-fuse-tools-")
-    c = ProcessCluster(base / "cluster", storage_nodes=3, targets_per_node=1, replicas=3, meta=1, mgmtd=1,
+    c = ProcessCluster(base / "cluster", storage_nodes=2, targets_per_node=1, replicas=2, meta=1, mgmtd=1,
                        mount=str(base / "mnt"), overrides=FAST)
     failed = True
     try:
@@ -98,8 +98,8 @@ def test_git_init_add_commit_fsck(d: Path) -> None:
     env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@x", GIT_COMMITTER_NAME="t",
                GIT_COMMITTER_EMAIL="t@x", HOME=str(d), GIT_CONFIG_NOSYSTEM="1")
     repo = d / "repo"
-    _run("git", "init", "-q", str(repo), env=env)
-    for i in range(5):
+    _run("git", "init", "-q", "--template=", str(repo), env=env)
+    for i in range(4):
         (repo / f"file{i}.txt").write_text(f"content {i}\n" * (i * 100 + 1))
     _run("git", "add", ".", cwd=repo, env=env)
     _run("git", "commit", "-q", "-m", "first", cwd=repo, env=env)
@@ -107,7 +107,7 @@ def test_git_init_add_commit_fsck(d: Path) -> None:
     os.rename(repo / "file1.txt", repo / "renamed.txt")
     _run("git", "add", "-A", cwd=repo, env=env)
     _run("git", "commit", "-q", "-m", "second", cwd=repo, env=env)
-    _run("git", "gc", "-q", cwd=repo, env=env)
+    _run("git", "repack", "-a", "-d", "-q", cwd=repo, env=env)
     _run("git", "fsck", "--full", "--strict", cwd=repo, env=env)
     log = _run("git", "log", "--oneline", cwd=repo, env=env).stdout.splitlines()
     assert len(log) == 2
@@ -141,13 +141,13 @@ def test_fio_verify(d: Path) -> None:
     if shutil.which("fio") is None:
         pytest.skip("fio not installed")
     r = _run(
-        "fio", "--name=verify", f"--directory={d}", "--rw=randwrite", "--bs=16k", "--size=8m",
+        "fio", "--name=verify", f"--directory={d}", "--rw=randwrite", "--bs=16k", "--size=2m",
         "--ioengine=psync", "--verify=crc32c", "--verify_fatal=1", "--do_verify=1", "--numjobs=2",
         "--group_reporting", "--randseed=6",
     )
     assert "err= 0" in r.stdout
     r = _run(
-        "fio", "--name=seqverify", f"--directory={d}", "--rw=write", "--bs=1m", "--size=16m",
+        "fio", "--name=seqverify", f"--directory={d}", "--rw=write", "--bs=1m", "--size=6m",
         "--ioengine=psync", "--verify=crc32c", "--verify_fatal=1", "--do_verify=1", "--end_fsync=1",
     )
     assert "err= 0" in r.stdout

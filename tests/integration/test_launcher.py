@@ -34,7 +34,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_cli(*args: str, timeout: float = 90.0) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, timeout: float = 150.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "fs3.cli.main", "cluster", *args],
         capture_output=True, text=True, timeout=timeout, cwd=ROOT,
@@ -94,7 +94,7 @@ def need_services() -> None:
 # --------------------------------------------------------------------------- the full cycle
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 def test_cli_up_status_kill_restart_down_cycle(cluster_dir: Path) -> None:
     need_services()
     d = cluster_dir
@@ -347,7 +347,7 @@ def test_process_cluster_harness(tmp_path: Path) -> None:
     assert (tmp_path / "pc" / "logs").is_dir(), "a directory the caller gave is kept"
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_process_cluster_keeps_its_logs_when_the_test_fails(capsys: pytest.CaptureFixture[str]) -> None:
     need_services()
     c = ProcessCluster(storage_nodes=1, targets_per_node=1, replicas=1, meta=1, mgmtd=1, start_timeout_s=60)
@@ -369,7 +369,7 @@ def test_process_cluster_keeps_its_logs_when_the_test_fails(capsys: pytest.Captu
 
 
 @pytest.mark.fuse
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(240)
 def test_end_to_end_mount_write_read_and_clean_down(cluster_dir: Path, tmp_path: Path) -> None:
     need_services()
     if importlib.util.find_spec("fs3.fuse.main") is None:

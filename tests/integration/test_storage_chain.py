@@ -28,9 +28,10 @@ CS = 64 << 10  # small chunks keep the tests fast
 
 
 def run(tmp_path: Path, body: Callable[[InProcessCluster, DirectStorageClient], Awaitable[None]], *,
-        nodes: int = 3, replicas: int = 3, transport: str = "grpc") -> None:
+        nodes: int = 3, replicas: int = 3, transport: str = "grpc", forward_retry_s: float = 20.0) -> None:
     async def main() -> None:
-        c = InProcessCluster(tmp_path, nodes=nodes, replicas=replicas, transport=transport)
+        c = InProcessCluster(tmp_path, nodes=nodes, replicas=replicas, transport=transport,
+                             forward_retry_s=forward_retry_s)
         cl: DirectStorageClient | None = None
         try:
             await c.start()
@@ -257,6 +258,22 @@ def test_truncate_remove_and_query_last_chunk(tmp_path: Path) -> None:
         assert (q.last_index, q.last_length, q.total_chunks) == (2, 10, 3)
         metas = await assert_replicas_equal(c, cl, chain)
         assert [m[1] for m in metas] == [0, 1, 2]
+        # the batch TruncateChunks RPC (what meta uses for truncate) on the head
+        r = cl.routing
+        head_node = r.node_of_target(r.chain_targets(chain)[0])
+        op = storage_pb2.TruncateChunkOp(chain_id=chain, chain_version=r.chain_version(chain), length=7,
+                                         chunk_size=CS)
+        op.chunk.inode, op.chunk.index = 21, 0
+        bad = storage_pb2.TruncateChunkOp(chain_id=chain, chain_version=r.chain_version(chain), length=CS + 1,
+                                          chunk_size=CS)
+        bad.chunk.inode, bad.chunk.index = 21, 1
+        tr = await call(cl.stub(head_node.address).TruncateChunks,
+                        storage_pb2.TruncateChunksRequest(ops=[op, bad]), timeout=5)
+        assert tr.results[0].error.code == 0 and tr.results[0].result.chunk_length == 7
+        assert tr.results[1].error.code == Code.INVALID_ARGUMENT
+        sp = await call(cl.stub(head_node.address).SpaceInfo, storage_pb2.SpaceInfoRequest(), timeout=5)
+        assert sp.targets[0].chunk_count == 3 and sp.targets[0].used_bytes == 7 + 5000 + 10
+        assert sp.targets[0].capacity_bytes >= sp.targets[0].free_bytes > 0
         assert await cl.remove_chunks(chain, 21) == 3
         assert not (await cl.query_last_chunk(chain, 21)).found
         assert await assert_replicas_equal(c, cl, chain) == []
@@ -357,3 +374,29 @@ def test_recovery_resyncs_a_returning_replica(tmp_path: Path, transport: str) ->
             assert len(blobs) == 1
 
     run(tmp_path, body, transport=transport)
+
+
+@pytest.mark.timeout(60)
+def test_unfinished_write_is_redriven_once(tmp_path: Path) -> None:
+    """The head gives up forwarding (short retry window) while the tail is dead; the
+    client's retry (same tag) re-drives the staged version instead of applying twice."""
+
+    async def body(c: InProcessCluster, cl: DirectStorageClient) -> None:
+        chain = cl.routing.chains()[0].chain_id
+        await cl.write(chain, 70, 0, 0, b"a" * 1000, chunk_size=CS)
+        order = cl.routing.chain_targets(chain)
+        await c.kill_node(c.node_of_target(order[2]))
+        head = c.nodes[c.node_of_target(order[0])].targets.by_id(order[0])
+        res = await cl.write(chain, 70, 0, 500, b"b" * 1000, chunk_size=CS)
+        assert res.commit_ver == 2 and res.chunk_length == 1500
+        assert cl.retries > 0  # the first attempts failed while the tail was still in the chain
+        assert head.engine.pending(ChunkKey(70, 0)) is None
+        res = await cl.write(chain, 70, 0, 1500, b"c" * 10, chunk_size=CS)
+        assert res.commit_ver == 3
+        data, _ = await cl.read(chain, 70, 0, 0, CS)
+        assert bytes(data) == b"a" * 500 + b"b" * 1000 + b"c" * 10
+        await c.wait(lambda r: r.target_state(chain, order[2]) != SERVING, what="tail out")
+        a, b = [await cl.list_chunks(t) for t in order[:2]]
+        assert a == b and a[0].commit_ver == 3
+
+    run(tmp_path, body, forward_retry_s=0.3)

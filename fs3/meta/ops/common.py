@@ -34,6 +34,7 @@ class OpCtx:
     place: Callable[[meta_pb2.Layout], meta_pb2.Layout]
     new_ino: int = 0  # pre-allocated inode number for ops that create one
     ino_used: bool = False
+    changed: bool = True  # False: the op wrote nothing (no idempotency record needed)
 
     def take_ino(self) -> int:
         if not self.new_ino:

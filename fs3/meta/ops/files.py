@@ -98,6 +98,8 @@ def _open_existing(
         resp.old_size = old
         tx.put_inode(node)
     resp.session_id = _open_session(tx, ctx, node, flags, client_id, request_id)
+    if not resp.session_id and not flags & os.O_TRUNC:
+        ctx.changed = False  # e.g. opendir: a pure permission check
     resp.attr.CopyFrom(S.public_attr(a))
     return resp
 
@@ -201,6 +203,8 @@ def sync(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.SyncRequest) -> meta_pb2.AttrRes
             raise posix(errno.EBADF, "length/mtime report on a read-only session")
         if _apply_report(node, ctx, req.has_length_hint, req.length_hint, req.truncate_version, mtime):
             tx.put_inode(node)
+            return meta_pb2.AttrResponse(attr=S.public_attr(node.attr))
+    ctx.changed = False  # nothing new: a retry may simply run again
     return meta_pb2.AttrResponse(attr=S.public_attr(node.attr))
 
 
