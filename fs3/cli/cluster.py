@@ -799,6 +799,11 @@ class LocalCluster:
     def _check_alive(self, recs: Sequence[ProcRecord]) -> None:
         for r in recs:
             if not is_alive(r):
+                child = _CHILDREN.get(r.pid)
+                if child is not None:  # it may have died between poll() and /proc: collect its status
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        child.wait(timeout=2.0)
+                    _reap(r.pid)
                 rc = _EXIT_CODES.get(r.pid)
                 code = "" if rc is None else (f" with exit code {rc}" if rc >= 0 else f" killed by signal {-rc}")
                 raise LauncherError(f"{r.name} exited{code} (log: {r.log})", process=r.name, log_tail=log_tail(r.log))

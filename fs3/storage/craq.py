@@ -27,6 +27,7 @@ the disk (§4.5). It lives in memory, like 3FS's.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import time
 from collections import OrderedDict
@@ -205,10 +206,20 @@ class Replicator:
         self.refresh_routing = refresh_routing
         self.forward = forward
         self.channels = UpdateChannels()
+        self.on_local_change: Callable[[], None] = lambda: None  # set by the node: heartbeat now
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        """Run a blocking engine call in the I/O pool; a disk I/O error takes its target offline."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, lambda: fn(*args, **kw))
+        try:
+            return await loop.run_in_executor(self.executor, lambda: fn(*args, **kw))
+        except FsError as e:
+            if e.code == Code.INTERNAL and e.errno in (errno.EIO, errno.EROFS):
+                eng = getattr(fn, "__self__", None)
+                for t in self.targets.targets.values():
+                    if t.engine is eng and self.targets.disk_error(t, e.message):
+                        self.on_local_change()
+            raise
 
     # ------------------------------------------------------------------ checks
 

@@ -117,6 +117,7 @@ class StorageNode:
         self.rep = Replicator(
             self.targets, cfg.storage, self.payload, self.peers, self.executor, self._refresh.set, self.forward
         )
+        self.rep.on_local_change = self._hb_now.set
         self.op = StorageOperator(self.node_id, self.targets, self.rep, self._report_error, self._hb_now.set)
         self.resync = ResyncManager(self.targets, self.rep)
         self._server = create_server()

@@ -11,7 +11,8 @@ target's *local* state from them, following 3FS (reference §2.6):
 - ``ONLINE`` + public ``SERVING`` → ``UPTODATE`` (new chain, or LASTSRV back);
 - ``UPTODATE`` + public ``OFFLINE``/``LASTSRV``/``WAITING`` → ``OFFLINE`` (self-fencing;
   the target stays fenced until the process restarts);
-- ``syncDone`` from the predecessor → ``UPTODATE`` (:meth:`StorageTarget.sync_done`).
+- ``syncDone`` from the predecessor → ``UPTODATE`` (:meth:`TargetMap.sync_done`);
+- a disk I/O error (EIO/EROFS) → ``OFFLINE`` until restart (:meth:`TargetMap.disk_error`).
 """
 
 from __future__ import annotations
@@ -181,6 +182,14 @@ class TargetMap:
         if t.fenced or t.local_state == L_OFFLINE:
             return False
         return self._set(t, L_UPTODATE, "sync done")
+
+    def disk_error(self, t: StorageTarget, detail: str) -> bool:
+        """A disk I/O error on ``t``: stop serving it (local OFFLINE until restart), like 3FS diskError."""
+        t.error_count += 1
+        if t.fenced:
+            return False
+        t.fenced = True
+        return self._set(t, L_OFFLINE, f"disk error: {detail}")
 
     def _set(self, t: StorageTarget, state: int, why: str) -> bool:
         if t.local_state == state:

@@ -10,6 +10,7 @@ the two traces must be identical.
 from __future__ import annotations
 
 import asyncio
+import errno
 import io
 import os
 import random
@@ -22,6 +23,7 @@ from typing import Any
 import pytest
 
 from fs3 import config as fs3config
+from fs3.errors import FsError
 from fs3.testing.cluster import ProcessCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -637,3 +639,43 @@ def test_unclosed_file_is_flushed_at_exit(cluster: ProcessCluster, client: Any) 
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
     with client.open("/at-exit") as f:
         assert f.read() == "buffered text, never closed"
+
+
+def test_inode_api_from_trio(client: Any) -> None:
+    """The FUSE daemon's path: AsyncClient inode operations awaited from trio through the bridge."""
+    import trio
+
+    from fs3.client.core import ROOT_INODE, Caller
+
+    core, br = client.core, client.bridge
+    caller = Caller.current()
+
+    async def main() -> None:
+        d = await br.trio_run(core.mkdir(caller, ROOT_INODE, b"trio-dir", 0o755))
+        h, attr = await br.trio_run(core.create(caller, d.inode, b"f", 0o644, os.O_RDWR | os.O_CREAT | os.O_EXCL))
+        assert attr.size == 0 and h.writable and h.readable
+        payload = random.Random(11).randbytes(CHUNK + 999)
+
+        async def put(i: int) -> None:  # parallel writes of disjoint ranges
+            lo = i * (len(payload) // 8)
+            hi = len(payload) if i == 7 else (i + 1) * (len(payload) // 8)
+            await br.trio_run(core.write(h, lo, payload[lo:hi]))
+
+        async with trio.open_nursery() as n:
+            for i in range(8):
+                n.start_soon(put, i)
+        assert (await br.trio_run(core.getattr(caller, h.inode))).size == len(payload)
+        assert await br.trio_run(core.read(h, 0, len(payload) + 10)) == payload
+        await br.trio_run(core.fsync(h))
+        await br.trio_run(core.release(h))
+        entries, more = await br.trio_run(core.readdir(caller, d.inode, b"", 0, with_attrs=True))
+        assert [(e.name, e.attr.size) for e in entries] == [(b"f", len(payload))] and not more
+        with pytest.raises(FsError) as ei:
+            await br.trio_run(core.lookup(caller, d.inode, b"missing"))
+        assert ei.value.errno == errno.ENOENT
+        await br.trio_run(core.setattr(caller, h.inode, size=10))
+        h2 = await br.trio_run(core.open(caller, h.inode, os.O_RDONLY))
+        assert await br.trio_run(core.read(h2, 0, 100)) == payload[:10]
+        await br.trio_run(core.release(h2))
+
+    trio.run(main)
