@@ -129,6 +129,7 @@ def machine_info(workdir: Path) -> dict[str, Any]:
         "disk": df[-1] if df else "",
         "fio": _cmd(["fio", "--version"]),
         "juicefs": _cmd([str(VENV_BIN / "juicefs"), "version"]),
+        "loadavg_at_start": _read("/proc/loadavg").split()[:3],
         "fs3_commit": _cmd(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
         "fs3_tree_dirty": bool(_cmd(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"])),
     }
@@ -419,7 +420,7 @@ def growth_checks(cluster: Any, mountpoint: str, entries: int, probe: int, rss_s
             t = time.perf_counter()
             os.stat(p)
             sl.append(time.perf_counter() - t)
-        return {"create_ms": statistics.median(cl) * 1000, "stat_ms": statistics.median(sl) * 1000}
+        return {"create_ms": round(statistics.median(cl) * 1000, 3), "stat_ms": round(statistics.median(sl) * 1000, 3)}
 
     have = fill(1000, 0)
     at_small = measure(1000)
@@ -527,7 +528,9 @@ def render_markdown(report: dict[str, Any], res: Results) -> str:
         "",
         f"Machine: {m['host']}, {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB RAM, kernel {m['kernel']}, "
         f"{m['os']}; disk: `{m['disk']}`; {m['fio']}; JuiceFS {m['juicefs'].replace('juicefs version ', '')}; "
-        f"fs3 {m['fs3_commit']}{' (+ uncommitted changes)' if m['fs3_tree_dirty'] else ''}; Python {m['python']}.",
+        f"fs3 {m['fs3_commit']}{' (+ uncommitted changes)' if m['fs3_tree_dirty'] else ''}; Python {m['python']}. "
+        f"Load average (1/5/15 min) at start {' '.join(m['loadavg_at_start'])}, at end "
+        f"{' '.join(report['loadavg_at_end'])} (other work on the machine skews every figure).",
         "",
         f"Setup: {report['setup']}",
         "",
@@ -739,6 +742,7 @@ def main(argv: list[str] | None = None) -> int:
         "labels": {f: {"unit": u, "label": ""} for f, (u, _) in FIGURES.items()},
         "notes": {k: v for k, v in notes.items() if v},
         "errors": res.errors,
+        "loadavg_at_end": _read("/proc/loadavg").split()[:3],
         **extra,
     }
     for f in report["labels"]:

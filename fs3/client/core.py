@@ -826,6 +826,10 @@ class AsyncClient:
         if err is not None:
             raise err
 
+    def local_length(self, fh: FileHandle) -> int:
+        """The length this client knows without asking meta (last fetch + own writes)."""
+        return self._length(fh)
+
     async def file_length(self, fh: FileHandle) -> int:
         """Current length as this client knows it (meta's, raised by local writes)."""
         return await self._refresh_length(fh)

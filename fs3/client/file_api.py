@@ -635,6 +635,10 @@ class Client:
 
     statfs = statvfs
 
+    def fsync(self, file: Any) -> None:
+        """``os.fsync`` for an fs3 file object: data and length durable on return."""
+        file.fsync()
+
 
 # ---------------------------------------------------------------------- file objects
 
@@ -712,7 +716,9 @@ class RawFile(io.RawIOBase):
             raise io.UnsupportedOperation("File not open for writing")
         mv = memoryview(b).cast("B")
         if self._append:
-            self._pos = self._run(self._client.core.file_length(self._h))
+            # The length was fetched at open; since then this handle's own writes
+            # extend it (appends from other clients are not atomic with ours anyway).
+            self._pos = self._client.core.local_length(self._h)
         n = self._run(self._client.core.write(self._h, self._pos, mv, behind=True))
         self._pos += n
         return n

@@ -66,11 +66,6 @@ from fs3.proto import common_pb2, meta_pb2
 log = logging.getLogger("fs3.fuse")
 
 NAME_MAX = 255
-# utimensat(UTIME_NOW) reaches us as a time pyfuse3 read from the clock just
-# before calling the handler (it hides the kernel's *_NOW flags); a requested
-# time this close to "now" is treated as UTIME_NOW so that a non-owner with
-# write permission may "touch" a file, as POSIX allows.
-_NOW_WINDOW_NS = 50_000_000
 _CALLER_TTL_S = 1.0
 _SUID_BITS = stat.S_ISUID | stat.S_ISGID
 _CAPABILITY = b"security.capability"
@@ -469,7 +464,15 @@ class Fs3Operations(pyfuse3.Operations):
         handle = self.files[fh].h if fh is not None and fh in self.files else None
         await self._sync_inode(inode, report=True)
         kw: dict[str, Any] = {}
-        now = time.time_ns()
+        cur: meta_pb2.Attr | None = None
+        if caller.uid != 0 and (fields.update_atime or fields.update_mtime or fields.update_mode):
+            cur = await self._call(self.client.getattr(caller, inode))
+        # pyfuse3 hides the kernel's UTIME_NOW flags (it fills in its clock).
+        # The kernel (default_permissions) already refused explicit times to a
+        # non-owner, so a non-owner's time update is a UTIME_NOW: send it as
+        # such, which meta allows with write permission. Owners and root send
+        # the exact times.
+        now_flags = cur is not None and caller.uid != cur.uid
         if fields.update_size:
             kw["size"] = int(attr.st_size)
             kw["fh"] = handle if handle is not None and handle.writable else None
@@ -478,24 +481,21 @@ class Fs3Operations(pyfuse3.Operations):
         if fields.update_gid:
             kw["gid"] = int(attr.st_gid)
         if fields.update_atime:
-            a = int(attr.st_atime_ns)
-            if 0 <= now - a < _NOW_WINDOW_NS:
+            if now_flags:
                 kw["atime_now"] = True
             else:
-                kw["atime_ns"] = a
+                kw["atime_ns"] = int(attr.st_atime_ns)
         if fields.update_mtime:
-            m = int(attr.st_mtime_ns)
-            if 0 <= now - m < _NOW_WINDOW_NS:
+            if now_flags:
                 kw["mtime_now"] = True
             else:
-                kw["mtime_ns"] = m
+                kw["mtime_ns"] = int(attr.st_mtime_ns)
             ist = self.inodes.get(inode)
             if ist is not None:
                 ist.mtime_ns = 0
         mode: int | None = int(attr.st_mode) & 0o7777 if fields.update_mode else None
         result: meta_pb2.Attr | None = None
-        if mode is not None and caller.uid != 0:
-            cur = await self._call(self.client.getattr(caller, inode))
+        if mode is not None and cur is not None:
             old = int(cur.mode) & 0o7777
             if caller.uid != cur.uid and mode != old and (old & ~mode) & ~_SUID_BITS == 0 and (mode & ~old) == 0:
                 # The kernel clearing S_ISUID/S_ISGID after a write/truncate by a

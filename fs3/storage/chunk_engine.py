@@ -650,8 +650,12 @@ class FileChunkEngine(ChunkEngine):
         except FileNotFoundError:
             # Superseded between get() and open(): read the newer version.
             return self.read(key, offset, length) if self.get(key) != meta else self._missing(meta)
+        except OSError as e:
+            raise _os_error(e, f"open chunk {key}") from None
         try:
             buf = os.pread(fd, stop - start, start)
+        except OSError as e:
+            raise _os_error(e, f"read chunk {key}") from None
         finally:
             os.close(fd)
         if len(buf) != stop - start:

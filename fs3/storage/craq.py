@@ -214,12 +214,16 @@ class Replicator:
         try:
             return await loop.run_in_executor(self.executor, lambda: fn(*args, **kw))
         except FsError as e:
-            if e.code == Code.INTERNAL and e.errno in (errno.EIO, errno.EROFS):
-                eng = getattr(fn, "__self__", None)
-                for t in self.targets.targets.values():
-                    if t.engine is eng and self.targets.disk_error(t, e.message):
-                        self.on_local_change()
+            self.note_disk_error(fn, e)
             raise
+
+    def note_disk_error(self, fn: Callable[..., Any], e: FsError) -> None:
+        """If ``e`` is a disk I/O error of an engine method, take that engine's target offline."""
+        if e.code == Code.INTERNAL and e.errno in (errno.EIO, errno.EROFS):
+            eng = getattr(fn, "__self__", None)
+            for t in self.targets.targets.values():
+                if t.engine is eng and self.targets.disk_error(t, e.message):
+                    self.on_local_change()
 
     # ------------------------------------------------------------------ checks
 

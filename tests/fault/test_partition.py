@@ -89,7 +89,12 @@ def _is_leader_inside(ns: str, address: str) -> bool | None:
 @needs_netns
 @pytest.mark.timeout(240)
 def test_partition_mgmtd_leader_from_kv_side() -> None:
-    with fault_cluster("partition-mgmtd", netns={"mgmtd-1": 12}, seed=7) as sc:
+    # A black-holed leader makes every node's heartbeat RPC to it hang for the mgmtd
+    # client's per-attempt timeout (5 s, fixed in fs3/storage/server.py) before it tries
+    # the next mgmtd; with the tier's usual 2.5 s heartbeat timeout the new leader would
+    # declare healthy nodes dead. So this scenario uses 8 s (> 5 s attempt + interval).
+    slow_hb = {"mgmtd": {"mgmtd": {"heartbeat_timeout_s": 8.0}}}
+    with fault_cluster("partition-mgmtd", netns={"mgmtd-1": 12}, overrides=slow_hb, seed=7) as sc:
         link = sc.links[0]
         s = sc.pc.status()
         if s["leader"] != "mgmtd-1":
@@ -107,6 +112,8 @@ def test_partition_mgmtd_leader_from_kv_side() -> None:
         try:
             sc.wait(lambda s: s["leader"] == "mgmtd-2", 20, "mgmtd-2 took the lease and leads")
             sc.progress(10, 30, "writes under mgmtd-2")
+            states = ProcessCluster.target_states(sc.pc.status())
+            assert all(v == "serving" for v in states.values()), f"healthy targets lost during the failover: {states}"
             sc.say("kill -9 storage-3 while mgmtd-1 is isolated: the new leader must handle it")
             sc.pc.kill("storage-3")
             sc.wait(lambda s: all(ProcessCluster.target_states(s)[t] != "serving" for t in (301, 302)), 20,

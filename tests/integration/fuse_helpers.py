@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from fs3.fuse.main import mount_fstype, mount_state
+from fs3.testing.cluster import ProcessCluster
 
 FS3 = [sys.executable, "-m", "fs3.cli.main"]
 
@@ -154,3 +155,55 @@ def mounted(cluster_file: str, mountpoint: Path, *opts: str) -> Iterator[Mount]:
         yield m
     finally:
         m.close()
+
+
+# ---------------------------------------------------------------------------- the shared cluster
+
+_shared: dict[str, Any] = {}
+FIXTURE = "fuse_cluster"
+
+
+@pytest.fixture(scope="module")
+def fuse_cluster(request: pytest.FixtureRequest) -> Iterator[ProcessCluster]:
+    """One cluster (mgmtd×1, meta×2, storage×3, 3 replicas) with a mount, shared by the FUSE test modules.
+
+    Started by the first module that asks for it and stopped after the last
+    collected test that uses it, so the FUSE tier pays for one cluster start.
+    """
+    c = _shared.get("cluster")
+    if c is None:
+        base = world_dir("fs3-fuse-")
+        c = ProcessCluster(base / "cluster", storage_nodes=3, targets_per_node=1, replicas=3, meta=2, mgmtd=1,
+                           mount=str(base / "mnt"), overrides=FAST)
+        try:
+            c.start()
+        except BaseException:
+            c.close(failed=True)
+            shutil.rmtree(base, ignore_errors=True)
+            raise
+        _shared.update(cluster=c, base=base, failed_at_start=request.session.testsfailed)
+    yield c
+    items = request.session.items
+    mine = [i for i, it in enumerate(items) if getattr(it, "module", None) is request.module]
+    rest = items[max(mine) + 1 :] if mine else []
+    if not any(FIXTURE in getattr(it, "fixturenames", ()) for it in rest):
+        failed = request.session.testsfailed > _shared.get("failed_at_start", 0)
+        _shared.clear()
+        c.close(failed=failed)
+        if not failed:
+            shutil.rmtree(base_of(c), ignore_errors=True)
+
+
+def base_of(c: ProcessCluster) -> Path:
+    return c.dir.parent
+
+
+def fresh_dir(c: ProcessCluster) -> Path:
+    """A new directory on the shared mount, writable by everyone (tests drop privileges)."""
+    import uuid
+
+    assert c.mountpoint
+    p = Path(c.mountpoint) / f"t-{uuid.uuid4().hex[:10]}"
+    p.mkdir()
+    p.chmod(0o777)
+    return p

@@ -679,3 +679,29 @@ def test_inode_api_from_trio(client: Any) -> None:
         await br.trio_run(core.release(h2))
 
     trio.run(main)
+
+
+def test_identity_is_checked_by_meta(cluster: ProcessCluster, client: Any) -> None:
+    """connect(uid=, gid=) is the identity meta checks; errors map to PermissionError."""
+    client.makedirs("/perm/closed", exist_ok=True)
+    client.chmod("/perm/closed", 0o755)
+    client.mkdir("/perm/open")
+    client.chmod("/perm/open", 0o777)
+    nobody = cluster.connect(uid=65534, gid=65534)
+    try:
+        with pytest.raises(PermissionError):
+            nobody.open("/perm/closed/f", "wb")
+        with pytest.raises(PermissionError):
+            nobody.mkdir("/perm/closed/d")
+        with nobody.open("/perm/open/f", "wb") as f:
+            f.write(b"mine")
+        st = client.stat("/perm/open/f")
+        assert (st.st_uid, st.st_gid) == (65534, 65534)
+        client.chmod("/perm/open/f", 0o600)
+        client.chown("/perm/open/f", 0, 0)
+        with pytest.raises(PermissionError):
+            nobody.open("/perm/open/f", "rb")
+        assert not nobody.access("/perm/open/f", os.R_OK)
+        assert client.access("/perm/open/f", os.R_OK)
+    finally:
+        nobody.close()

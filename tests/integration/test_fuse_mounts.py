@@ -11,35 +11,29 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fuse_helpers import FAST, FS3, Mount, alive, mounted, needs_fuse, wait_until, world_dir
+from fuse_helpers import FS3, Mount, alive, mounted, needs_fuse, wait_until, world_dir
 
 from fs3.fuse.main import mount_state
 from fs3.testing.cluster import ProcessCluster
 
+pytest_plugins = ["fuse_helpers"]  # the shared cluster fixture ``fuse_cluster``
 pytestmark = [pytest.mark.integration, pytest.mark.fuse, needs_fuse, pytest.mark.timeout(90)]
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ProcessCluster]:
-    base = world_dir("fs3-fuse-mounts-")
-    c = ProcessCluster(base / "cluster", storage_nodes=2, targets_per_node=1, replicas=2, meta=1, mgmtd=1,
-                       overrides=FAST)
-    failed = True
-    try:
-        c.start()
-        failed = False
-        yield c
-    finally:
-        c.close(failed=failed)
-        shutil.rmtree(base, ignore_errors=True)
+@pytest.fixture
+def cluster(fuse_cluster: ProcessCluster) -> ProcessCluster:
+    return fuse_cluster
 
 
 @pytest.fixture(scope="module")
-def two(cluster: ProcessCluster) -> Iterator[tuple[Path, Path]]:
+def two(fuse_cluster: ProcessCluster) -> Iterator[tuple[Path, Path]]:
+    """Mount A is the launcher's (``--foreground``); mount B is made with ``fs3 mount`` (daemon)."""
     base = world_dir("fs3-fuse-two-")
     try:
-        with mounted(cluster.cluster_file, base / "a") as a, mounted(cluster.cluster_file, base / "b") as b:
-            yield a.mountpoint, b.mountpoint
+        with mounted(fuse_cluster.cluster_file, base / "b") as b:
+            a = Path(str(fuse_cluster.mountpoint)) / f"two-{os.getpid()}"
+            a.mkdir()
+            yield a, b.mountpoint / a.name
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -104,8 +98,8 @@ def test_sigterm_unmounts_cleanly(cluster: ProcessCluster) -> None:
     try:
         assert m.ok, m.result.stderr
         assert "log:" in m.result.stdout and m.pid > 0  # says where its log is
-        (base / "m" / "f").write_bytes(b"data before the signal")
-        fd = os.open(base / "m" / "open-at-exit", os.O_CREAT | os.O_WRONLY, 0o644)
+        (base / "m" / "sig-f").write_bytes(b"data before the signal")
+        fd = os.open(base / "m" / "sig-open-at-exit", os.O_CREAT | os.O_WRONLY, 0o644)
         os.write(fd, b"buffered when the signal came")
         os.kill(m.pid, signal.SIGTERM)
         wait_until(lambda: mount_state(str(base / "m")) == "absent", 20, "unmount after SIGTERM")
@@ -113,9 +107,9 @@ def test_sigterm_unmounts_cleanly(cluster: ProcessCluster) -> None:
         with contextlib.suppress(OSError):
             os.close(fd)  # its mount is gone (ENOTCONN); the data was written at the signal
         assert "signal 15" in Path(m.log).read_text()
-        with mounted(cluster.cluster_file, base / "m2") as m2:
-            assert (m2.mountpoint / "f").read_bytes() == b"data before the signal"
-            assert (m2.mountpoint / "open-at-exit").read_bytes() == b"buffered when the signal came"
+        shared = Path(str(cluster.mountpoint))
+        assert (shared / "sig-f").read_bytes() == b"data before the signal"
+        assert (shared / "sig-open-at-exit").read_bytes() == b"buffered when the signal came"
     finally:
         m.close()
         shutil.rmtree(base, ignore_errors=True)

@@ -1,8 +1,8 @@
 """POSIX behaviour through a real kernel FUSE mount of a real cluster (os.* calls only).
 
 One cluster (mgmtd×1, meta×2, storage×3, 3 replicas) mounted by the launcher
-(``fs3 mount --foreground``) serves every test in this module; each test works
-in its own directory. Permission checks run in subprocesses that switch to
+(``fs3 mount --foreground``) serves every FUSE test module (``fuse_cluster`` in
+fuse_helpers); each test works in its own directory. Permission checks run in subprocesses that switch to
 uid 65534 (with chosen supplementary groups), which needs ``allow_other``.
 """
 
@@ -16,57 +16,39 @@ import socket
 import stat
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fuse_helpers import (
-    FAST,
     RENAME_EXCHANGE,
     RENAME_NOREPLACE,
     UTIME_NOW,
     UTIME_OMIT,
+    fresh_dir,
     needs_fuse,
     renameat2,
     run_as,
     utimensat,
-    world_dir,
 )
 
 from fs3.testing.cluster import ProcessCluster
 
+pytest_plugins = ["fuse_helpers"]  # the shared cluster fixture ``fuse_cluster``
 pytestmark = [pytest.mark.integration, pytest.mark.fuse, needs_fuse, pytest.mark.timeout(60)]
 
 CHUNK = 1 << 20
 NOBODY = 65534
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ProcessCluster]:
-    base = world_dir("fs3-fuse-posix-")
-    c = ProcessCluster(base / "cluster", storage_nodes=3, targets_per_node=1, replicas=3, meta=2, mgmtd=1,
-                       mount=str(base / "mnt"), overrides=FAST)
-    failed = True
-    try:
-        c.start()
-        failed = False
-        yield c
-    finally:
-        c.close(failed=failed)
-        import shutil
-
-        shutil.rmtree(base, ignore_errors=True)
+@pytest.fixture
+def cluster(fuse_cluster: ProcessCluster) -> ProcessCluster:
+    return fuse_cluster
 
 
 @pytest.fixture
-def d(cluster: ProcessCluster) -> Path:
+def d(fuse_cluster: ProcessCluster) -> Path:
     """A fresh directory on the mount, writable by everyone (tests drop privileges)."""
-    assert cluster.mountpoint
-    p = Path(cluster.mountpoint) / f"t-{uuid.uuid4().hex[:10]}"
-    p.mkdir()
-    p.chmod(0o777)
-    return p
+    return fresh_dir(fuse_cluster)
 
 
 def _errno(fn: object, *args: object) -> int:
@@ -184,7 +166,7 @@ def test_setgid_directory_inheritance(d: Path) -> None:
 
 
 def test_readdir_large_with_concurrent_changes(d: Path) -> None:
-    n = 300
+    n = 150
     for i in range(n):
         (d / f"f{i:04d}").write_bytes(b"")
     keep = {f"f{i:04d}" for i in range(n) if i % 3}
@@ -194,7 +176,7 @@ def test_readdir_large_with_concurrent_changes(d: Path) -> None:
     with os.scandir(d) as it:
         for k, e in enumerate(it):
             seen.append(e.name)
-            if k == 40:
+            if k == 30:
                 for i in range(0, n, 3):
                     os.unlink(d / f"f{i:04d}")
                 for i in range(20):
@@ -666,29 +648,3 @@ def test_usrbio_through_the_mount_daemon(cluster: ProcessCluster, d: Path) -> No
         dereg_fd(fd2)
     with pytest.raises(FsError):
         Iov(str(d), 4096)  # not a mount point: no agent there
-
-
-# ---------------------------------------------------------------------------- failover (last: disturbs the cluster)
-
-
-def test_operations_survive_meta_and_storage_failures(cluster: ProcessCluster, d: Path) -> None:
-    """A killed meta or storage node stalls operations on the mount; they complete after failover."""
-    data = os.urandom(2 * CHUNK + 5)
-    cluster.kill("meta-1")
-    try:
-        for i in range(3):
-            (d / f"m{i}").write_bytes(data)
-        assert sorted(os.listdir(d)) == ["m0", "m1", "m2"]
-        assert (d / "m1").read_bytes() == data
-    finally:
-        cluster.restart("meta-1")
-    cluster.kill("storage-3")  # every chain has a replica there (3 replicas on 3 nodes)
-    fd = os.open(d / "during-storage-failure", os.O_CREAT | os.O_WRONLY, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)  # waits for the chain to drop the dead replica, then commits
-    finally:
-        os.close(fd)
-    assert (d / "during-storage-failure").read_bytes() == data
-    assert (d / "m2").read_bytes() == data
-    cluster.restart("storage-3")

@@ -75,3 +75,13 @@ def test_force_offline_reports(tmap: TargetMap) -> None:
     tmap.apply_routing(routing(2, 1, {101: SERVING}))
     assert tmap.reports()[0].local_state == L_UPTODATE
     assert tmap.reports(force_offline=True)[0].local_state == L_OFFLINE
+
+
+def test_disk_error_takes_target_offline(tmap: TargetMap) -> None:
+    tmap.apply_routing(routing(1, 0, {}))
+    tmap.apply_routing(routing(2, 1, {101: SERVING}))
+    t = tmap.targets[101]
+    assert t.serving
+    assert tmap.disk_error(t, "EIO")
+    assert not t.serving and t.local_state == L_OFFLINE and t.error_count == 1
+    assert not tmap.disk_error(t, "EIO again")  # already down: no new state change
