@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(local_base, ignore_errors=True)
         if cluster is not None:
             cluster.close()
+            shutil.rmtree(cluster.dir.parent, ignore_errors=True)
     print()
     print(f"sizes: seq {args.size_mb} MiB (1 MiB blocks), checkpoint 4 x {args.ckpt_mb} MiB (4 MiB blocks, fsync), "
           f"{args.files} files; {os.cpu_count()} cores")

@@ -214,7 +214,7 @@ class FuseSection:
     max_readahead_kb: int = 16384
     writeback_cache: bool = False
     allow_other: bool = True
-    log_file: str = ""  # daemon log; empty: <state dir>/fuse-<mountpoint>.log
+    log_file: str = ""  # daemon log; empty: /var/log/fs3 (root) or ~/.local/state/fs3, mount-<mountpoint>.log
     max_background: int = 64  # kernel: async requests (readahead, writeback) in flight per mount
     max_tasks: int = 256  # pyfuse3 worker tasks (requests served concurrently)
     write_buffer: bool = True  # coalesce small sequential writes into chunk-sized storage writes

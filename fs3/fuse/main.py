@@ -23,6 +23,10 @@ Lifecycle (issue 6 §7):
   default 128 KiB) and the connection's ``max_background`` (more readahead and
   async requests in flight).
 
+* The daemon hosts the USRBIO agent of the mount (:mod:`fs3.usrbio.agent`,
+  socket at ``fs3.usrbio.shm.agent_socket_path(MOUNTPOINT)``), its I/O served
+  by :class:`fs3.fuse.ops.UsrbioBackend` through the same client core.
+
 ``-o`` options: keys of the ``[fuse]`` config section (``-o attr_timeout_s=5``),
 ``transport=grpc|tcp|shm``, and anything else is handed to libfuse/the
 kernel mount (``ro``, ``noatime``, ``max_read=N`` ...).
@@ -170,8 +174,14 @@ def parse_options(opts: Sequence[str], cfg: _config.ClientConfig) -> set[str]:
     return passthrough
 
 
-def fuse_options(cfg: _config.ClientConfig, extra: set[str]) -> set[str]:
-    opts = {"fsname=fs3", "subtype=fs3", "default_permissions"}
+def fuse_options(cfg: _config.ClientConfig, extra: set[str], cluster_file: str = "") -> set[str]:
+    name = "fs3"
+    if cluster_file:
+        try:
+            name = f"fs3:{_config.read_cluster_file(cluster_file).cluster_id}"
+        except Exception:  # noqa: BLE001 - only a label in the mount table
+            pass
+    opts = {f"fsname={name}", "subtype=fs3", "default_permissions"}
     if cfg.fuse.allow_other:
         opts.add("allow_other")
     return opts | extra
@@ -230,7 +240,7 @@ def serve(cluster: str, mountpoint: str, cfg: _config.ClientConfig, extra: set[s
         bridge.close()
         return 1
     ops = Fs3Operations(client, bridge, cfg.fuse)
-    opts = fuse_options(cfg, extra)
+    opts = fuse_options(cfg, extra, cluster)
     log.info("mounting %s (cluster file %s, options %s, transport %s)", mountpoint, cluster, sorted(opts),
              cfg.transport.kind)
     try:
@@ -247,10 +257,15 @@ def serve(cluster: str, mountpoint: str, cfg: _config.ClientConfig, extra: set[s
             ops.nursery = bg
             bg.start_soon(ops.age_flusher)
             agent = UsrbioAgent(UsrbioBackend(ops))
-            try:
-                await bg.start(agent.serve, agent_socket_path(mountpoint))
-            except Exception as e:  # noqa: BLE001 - the mount works without USRBIO
-                log.warning("USRBIO agent not started: %s", e)
+
+            async def usrbio(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                # Shares a nursery with the FUSE loop: a failing agent must not end the mount.
+                try:
+                    await agent.serve(agent_socket_path(mountpoint), task_status=task_status)
+                except Exception:
+                    log.exception("USRBIO agent stopped; the mount keeps working without it")
+
+            await bg.start(usrbio)
             async with trio.open_nursery() as n:
 
                 async def on_signals() -> None:
@@ -258,7 +273,9 @@ def serve(cluster: str, mountpoint: str, cfg: _config.ClientConfig, extra: set[s
                         async for s in sigs:
                             signalled.append(s)
                             log.info("signal %d: writing buffers and unmounting", s)
-                            await ops.drain()
+                            # Bounded: with the cluster unreachable, unmount after the client's deadline.
+                            with trio.move_on_after(cfg.client.retry_deadline_s + 5):
+                                await ops.drain()
                             pyfuse3.terminate()
                             return
 
@@ -278,7 +295,8 @@ def serve(cluster: str, mountpoint: str, cfg: _config.ClientConfig, extra: set[s
                     await pyfuse3.main(min_tasks=4, max_tasks=max(4, cfg.fuse.max_tasks))
                 finally:
                     n.cancel_scope.cancel()
-            await ops.drain()
+            with trio.move_on_after(cfg.client.retry_deadline_s + 5):
+                await ops.drain()
             bg.cancel_scope.cancel()
 
     code = 0

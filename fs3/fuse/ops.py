@@ -353,10 +353,10 @@ class Fs3Operations(pyfuse3.Operations):
                 if f.h.writable:
                     f.error = e
             of.error = e
-        except BaseException as e:  # noqa: BLE001 - recorded for the application, never lost
-            if not isinstance(e, Exception):
-                of.error = FsError(Code.CANCELLED, "write cancelled")
-                raise
+        except trio.Cancelled:
+            of.error = FsError(Code.CANCELLED, "write cancelled")
+            raise
+        except BaseException as e:  # noqa: BLE001 - incl. asyncio.CancelledError: recorded, never raised here
             log.exception("background write of inode %d failed", ist.inode)
             for f in ist.files:
                 if f.h.writable:
@@ -424,10 +424,13 @@ class Fs3Operations(pyfuse3.Operations):
         while True:
             await trio.sleep(max(0.05, age / 2))
             now = time.monotonic()
-            for ist in list(self.inodes.values()):
-                if ist.buf and now - ist.buf_since >= age and not ist.lock.locked():
-                    async with ist.lock:
-                        await self._start_flush(ist)
+            try:
+                for ist in list(self.inodes.values()):
+                    if ist.buf and now - ist.buf_since >= age and not ist.lock.locked():
+                        async with ist.lock:
+                            await self._start_flush(ist)
+            except Exception:  # this task shares a nursery with the FUSE loop: never let it end the mount
+                log.exception("periodic write-buffer flush failed")
 
     # ================================================================== namespace
 

@@ -227,7 +227,7 @@ class NetnsLink:
             self.shaped = "netem"
         elif kinds.get("tbf"):
             burst = max(16, int(rate_mbit * 1000 / 8 / 10))  # kbit: ~10 ms worth of bytes
-            args = ["tbf", "rate", f"{rate_mbit}mbit", "burst", f"{burst}kbit", "latency", "400ms"]
+            args = ["tbf", "rate", f"{rate_mbit}mbit", "burst", f"{burst}kbit", "latency", "1s"]
             what = f"tbf rate {rate_mbit} Mbit/s each way (sch_netem is not available in this kernel)"
             self.shaped = "tbf"
         else:

@@ -56,6 +56,14 @@ def test_full_disk_on_one_target() -> None:
                 assert e.errno == errno.ENOSPC, f"small write failed with {e!r}"
         sc.say(f"while full: {other_ok}/12 one-chunk files written (those on chain 2 must succeed)")
         assert other_ok > 0, "no write succeeded anywhere while one target was full"
+        for i in range(12):
+            if api.client.exists(f"/small-{i}"):
+                assert len(api.read(f"/small-{i}", 0, 8192)) == 4096
+        checked = wl.model.verify_all(api, "read-while-full")
+        assert not checked, [str(v) for v in checked]
+        states = {t["id"]: t["state"] for t in sc.pc.status()["targets"]}
+        sc.say(f"while full: every acknowledged block still reads back correctly; target states {states}")
+        assert all(v == "serving" for v in states.values()), f"a full target broke its chain: {states}"
         sc.say(f"while full: workload has {wl.acked()} acknowledged writes, errors {wl.model.counts.get('op_errors', 0)}")
         sc.say("free the space (delete the ballast)")
         ballast.unlink()

@@ -91,7 +91,11 @@ def test_kill_fuse_daemon_then_fs3_mount_recovers() -> None:
                 with open(p, "rb") as f:
                     assert f.read() == data, f"{p}: fsync'd content changed"
             sc.say("all 5 files fsync'd before the kill are intact")
-            sc.progress(10, 30, "workload (FUSE writers included) after the remount")
+            t_remount = time.monotonic()
+            sc.progress(10, 30, "workload after the remount")
+            sc.pc.wait_for(lambda: wl.model.acked_since(t_remount, "fuse") >= 3, 30,
+                           "FUSE writers acknowledged again through the new mount")
+            sc.say(f"FUSE writers: {wl.model.acked_since(t_remount, 'fuse')} writes acknowledged after the remount")
             problems = sc.final_checks()
             assert not problems, "\n".join(problems)
             assert wl.model.counts.get("op_errors", 0) > 0, "the FUSE writers should have seen the dead mount"

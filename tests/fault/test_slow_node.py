@@ -39,7 +39,7 @@ def test_slow_storage_node() -> None:
         sc.progress(15, 30, "baseline")
         before = _rate(sc, 6)
         errors_before = wl.model.counts.get("op_errors", 0)
-        what = link.slow(delay_ms=50, rate_mbit=16)
+        what = link.slow(delay_ms=50, rate_mbit=2)
         sc.say(f"storage-3's link shaped: {what}")
         states_seen: set[str] = set()
         t_end = time.monotonic() + 12

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -11,10 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fuse_helpers import FS3, Mount, alive, mounted, needs_fuse, wait_until, world_dir
 
 from fs3.fuse.main import mount_state
 from fs3.testing.cluster import ProcessCluster
+
+pytest.register_assert_rewrite("fuse_helpers")  # shared helpers + the fuse_cluster plugin
+from fuse_helpers import FS3, Mount, alive, mounted, needs_fuse, wait_until, world_dir  # noqa: E402 - after register_assert_rewrite
 
 pytest_plugins = ["fuse_helpers"]  # the shared cluster fixture ``fuse_cluster``
 pytestmark = [pytest.mark.integration, pytest.mark.fuse, needs_fuse, pytest.mark.timeout(90)]
@@ -115,11 +118,15 @@ def test_sigterm_unmounts_cleanly(cluster: ProcessCluster) -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def test_fusermount_u_stops_the_daemon(cluster: ProcessCluster) -> None:
+def test_read_only_mount_and_fusermount_u_stops_the_daemon(cluster: ProcessCluster) -> None:
     base = world_dir("fs3-fuse-umount-")
-    m = Mount(cluster.cluster_file, base / "m")
+    m = Mount(cluster.cluster_file, base / "m", "ro,attr_timeout_s=2")
     try:
         assert m.ok, m.result.stderr
+        assert os.listdir(base / "m") is not None
+        with pytest.raises(OSError) as ei:
+            (base / "m" / "nope").write_bytes(b"")
+        assert ei.value.errno == errno.EROFS
         subprocess.run(["fusermount3", "-u", str(base / "m")], check=True, timeout=30)
         wait_until(lambda: not alive(m.pid), 20, "daemon exit after fusermount3 -u")
         assert mount_state(str(base / "m")) == "absent"
@@ -148,13 +155,15 @@ def test_stale_mount_is_cleared_by_next_mount(cluster: ProcessCluster) -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def test_mount_errors_are_clear(cluster: ProcessCluster, tmp_path: Path) -> None:
-    r = subprocess.run([*FS3, "mount", "--cluster", str(tmp_path / "nope"), str(tmp_path)], capture_output=True,
-                       text=True, timeout=30, check=False)
-    assert r.returncode != 0 and "does not exist" in r.stderr
-    r = subprocess.run([*FS3, "mount", "--cluster", cluster.cluster_file, str(tmp_path / "missing-dir")],
-                       capture_output=True, text=True, timeout=30, check=False)
-    assert r.returncode != 0 and "not a directory" in r.stderr
+def test_mount_errors_are_clear(cluster: ProcessCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fs3.fuse.main import main
+
+    assert main(["--cluster", str(tmp_path / "nope"), str(tmp_path)]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["--cluster", cluster.cluster_file, str(tmp_path / "missing-dir")]) == 1
+    assert "not a directory" in capsys.readouterr().err
+    assert main(["--cluster", cluster.cluster_file, str(cluster.mountpoint)]) == 1  # already mounted
+    assert "already a mount point" in capsys.readouterr().err
     # a cluster nobody serves: the command fails (after the client's deadline) instead of hanging
     bad = tmp_path / "bad.cluster"
     bad.write_text("fs3@127.0.0.1:1\n")

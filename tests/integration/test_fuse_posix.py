@@ -19,7 +19,11 @@ import time
 from pathlib import Path
 
 import pytest
-from fuse_helpers import (
+
+from fs3.testing.cluster import ProcessCluster
+
+pytest.register_assert_rewrite("fuse_helpers")  # shared helpers + the fuse_cluster plugin
+from fuse_helpers import (  # noqa: E402 - after register_assert_rewrite
     RENAME_EXCHANGE,
     RENAME_NOREPLACE,
     UTIME_NOW,
@@ -30,8 +34,6 @@ from fuse_helpers import (
     run_as,
     utimensat,
 )
-
-from fs3.testing.cluster import ProcessCluster
 
 pytest_plugins = ["fuse_helpers"]  # the shared cluster fixture ``fuse_cluster``
 pytestmark = [pytest.mark.integration, pytest.mark.fuse, needs_fuse, pytest.mark.timeout(60)]
@@ -648,3 +650,74 @@ def test_usrbio_through_the_mount_daemon(cluster: ProcessCluster, d: Path) -> No
         dereg_fd(fd2)
     with pytest.raises(FsError):
         Iov(str(d), 4096)  # not a mount point: no agent there
+
+
+# ---------------------------------------------------------------------------- locks and concurrency
+
+
+def test_flock_and_fcntl_locks_exclude_on_one_mount(d: Path) -> None:
+    import fcntl
+
+    f = d / "lockfile"
+    f.write_bytes(b"")
+    holder = os.open(f, os.O_RDWR)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        code = (
+            "import fcntl\n"
+            f"fd = os.open({str(f)!r}, os.O_RDWR)\n"
+            "try:\n"
+            "    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+            "    result = 'got flock'\n"
+            "except BlockingIOError:\n"
+            "    result = 'flock busy'\n"
+            "try:\n"
+            "    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 0)\n"
+            "    result += ', got lockf'\n"
+            "except OSError:\n"
+            "    result += ', lockf busy'\n"
+        )
+        fcntl.lockf(holder, fcntl.LOCK_EX, 10, 0)
+        assert run_as(0, 0, [], code) == "flock busy, lockf busy"
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        fcntl.lockf(holder, fcntl.LOCK_UN, 10, 0)
+        assert run_as(0, 0, [], code) == "got flock, got lockf"
+    finally:
+        os.close(holder)
+
+
+def test_concurrent_writers(d: Path) -> None:
+    rng = random.Random(9)
+    blobs = {f"w{i}": rng.randbytes(rng.randrange(1, 3 * CHUNK)) for i in range(4)}
+    shared = d / "shared"
+    piece = 300_000
+    fd = os.open(shared, os.O_CREAT | os.O_RDWR, 0o644)
+    errors: list[BaseException] = []
+
+    def own_file(name: str) -> None:
+        try:
+            with open(d / name, "wb") as fh:
+                data = blobs[name]
+                for i in range(0, len(data), 100_000):
+                    fh.write(data[i : i + 100_000])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    def region(k: int) -> None:
+        try:
+            for i in range(0, piece, 7000):
+                os.pwrite(fd, bytes([65 + k]) * min(7000, piece - i), k * piece + i)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=own_file, args=(n,)) for n in blobs]
+    threads += [threading.Thread(target=region, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    os.close(fd)
+    assert not errors, errors
+    for name, data in blobs.items():
+        assert (d / name).read_bytes() == data
+    assert shared.read_bytes() == b"".join(bytes([65 + k]) * piece for k in range(4))

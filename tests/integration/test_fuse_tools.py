@@ -13,9 +13,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fuse_helpers import fresh_dir, needs_fuse
 
 from fs3.testing.cluster import ProcessCluster
+
+pytest.register_assert_rewrite("fuse_helpers")  # shared helpers + the fuse_cluster plugin
+from fuse_helpers import fresh_dir, needs_fuse  # noqa: E402 - after register_assert_rewrite
 
 CHUNK = 1 << 20
 
@@ -96,7 +98,8 @@ def test_git_init_add_commit_fsck(d: Path) -> None:
     _run("git", "add", ".", cwd=repo, env=env)
     _run("git", "commit", "-q", "-m", "first", cwd=repo, env=env)
     os.rename(repo / "file1.txt", repo / "renamed.txt")
-    _run("git", "commit", "-q", "-a", "-m", "second", cwd=repo, env=env)
+    _run("git", "add", "-A", cwd=repo, env=env)
+    _run("git", "commit", "-q", "-m", "second", cwd=repo, env=env)
     _run("git", "fsck", "--full", "--strict", cwd=repo, env=env)
     log = _run("git", "log", "--oneline", cwd=repo, env=env).stdout.splitlines()
     assert len(log) == 2

@@ -22,7 +22,7 @@ from fs3.errors import FsError
 from fs3.storage.direct_client import DirectStorageClient
 from fs3.testing import procs
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 CS = 64 << 10
 
@@ -124,4 +124,9 @@ def test_kill9_storage_process_then_resync(cluster: procs.MiniCluster) -> None:
             await cl.close()
             await admin.close()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except BaseException:
+        for name, p in cluster.running.items():  # diagnostics for a failed run
+            print(f"----- {name} (pid {p.pid}) -----\n{p.log_tail(60)}")
+        raise
