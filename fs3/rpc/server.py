@@ -33,6 +33,10 @@ SERVER_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.keepalive_permit_without_calls", 1),
+    # Clients ping every 10 s; without these the server answers GOAWAY
+    # "too_many_pings" (its default minimum ping interval is 5 minutes).
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
 
 

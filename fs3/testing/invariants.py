@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fs3.testing.cluster import ProcessCluster
@@ -89,31 +90,47 @@ def check_replicas(pc: ProcessCluster, *, status: dict[str, Any] | None = None) 
             problems.append(f"target {t}: {len(keys)} chunks still have a pending (uncommitted) update: "
                             f"{sorted(keys)[:5]}")
     for chain in s["chains"]:
-        per_target: dict[int, dict[tuple[int, int], tuple[int, int, int, bytes]]] = {}
-        for tid in chain["targets"]:
-            chunks: dict[tuple[int, int], tuple[int, int, int, bytes]] = {}
-            for cf in list_chunk_files(dirs[tid], tid):
-                data = read_chunk_bytes(cf)
-                if len(data) != cf.length or crc32c(data) != cf.checksum:
-                    problems.append(f"target {tid} chunk {cf.inode}:{cf.index}: file content does not match its "
-                                    f"checksum (len {len(data)}/{cf.length}) — corrupt and not repaired")
-                chunks[(cf.inode, cf.index)] = (cf.commit_ver, cf.length, cf.checksum, data)
-            per_target[tid] = chunks
-        ref_t = chain["targets"][0]
-        ref = per_target[ref_t]
-        for tid in chain["targets"][1:]:
-            other = per_target[tid]
-            if set(other) != set(ref):
-                only_a = sorted(set(ref) - set(other))[:5]
-                only_b = sorted(set(other) - set(ref))[:5]
-                problems.append(f"chain {chain['id']}: targets {ref_t} and {tid} hold different chunks "
-                                f"(only on {ref_t}: {only_a}; only on {tid}: {only_b})")
-            for key in sorted(set(ref) & set(other)):
-                a, b = ref[key], other[key]
-                if a[:3] != b[:3] or a[3] != b[3]:
-                    problems.append(f"chain {chain['id']} chunk {key[0]}:{key[1]}: target {ref_t} has "
-                                    f"(ver {a[0]}, len {a[1]}, crc {a[2]:#x}), target {tid} has "
-                                    f"(ver {b[0]}, len {b[1]}, crc {b[2]:#x}){'' if a[3] != b[3] else ''}")
+        problems += compare_chain(chain["id"], {tid: dirs[tid] for tid in chain["targets"]})
+    return problems
+
+
+def compare_chain(chain_id: int, target_dirs: dict[int, Path]) -> list[str]:
+    """Compare the committed chunks of one chain's targets (first target is the reference).
+
+    Checks per chunk: present on every target, same commit version, length and
+    CRC32C, the same bytes, and the bytes match the recorded CRC32C (catches a
+    corrupt replica that was never repaired).
+    """
+    from fs3.storage.chunk_engine import crc32c
+
+    problems: list[str] = []
+    per_target: dict[int, dict[tuple[int, int], tuple[int, int, int, bytes]]] = {}
+    for tid, d in target_dirs.items():
+        chunks: dict[tuple[int, int], tuple[int, int, int, bytes]] = {}
+        for cf in list_chunk_files(d, tid):
+            data = read_chunk_bytes(cf)
+            if len(data) != cf.length or crc32c(data) != cf.checksum:
+                problems.append(f"target {tid} chunk {cf.inode}:{cf.index}: file content does not match its "
+                                f"checksum (len {len(data)}/{cf.length}) — corrupt and not repaired")
+            chunks[(cf.inode, cf.index)] = (cf.commit_ver, cf.length, cf.checksum, data)
+        per_target[tid] = chunks
+    tids = list(target_dirs)
+    ref_t = tids[0]
+    ref = per_target[ref_t]
+    for tid in tids[1:]:
+        other = per_target[tid]
+        if set(other) != set(ref):
+            only_a = sorted(set(ref) - set(other))[:5]
+            only_b = sorted(set(other) - set(ref))[:5]
+            problems.append(f"chain {chain_id}: targets {ref_t} and {tid} hold different chunks "
+                            f"(only on {ref_t}: {only_a}; only on {tid}: {only_b})")
+        for key in sorted(set(ref) & set(other)):
+            a, b = ref[key], other[key]
+            if a[:3] != b[:3] or a[3] != b[3]:
+                problems.append(f"chain {chain_id} chunk {key[0]}:{key[1]}: target {ref_t} has "
+                                f"(ver {a[0]}, len {a[1]}, crc {a[2]:#x}), target {tid} has "
+                                f"(ver {b[0]}, len {b[1]}, crc {b[2]:#x})"
+                                + ("; the bytes differ" if a[3] != b[3] else ""))
     return problems
 
 

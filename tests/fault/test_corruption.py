@@ -17,7 +17,13 @@ import time
 import pytest
 
 from fs3.errors import Code
-from fs3.testing.faults import corrupt_chunk, list_chunk_files, read_replica, storage_target_dirs
+from fs3.testing.faults import (
+    corrupt_chunk,
+    list_chunk_files,
+    read_replica,
+    storage_target_dirs,
+    target_node,
+)
 from fs3.testing.invariants import check_replicas, fault_cluster
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration]
@@ -58,6 +64,9 @@ def test_silent_corruption_detected_and_repaired() -> None:
         sc.say(f"target {victim.target_id} repaired {time.monotonic() - t:.1f}s after detection; replicas identical")
         code, back = read_replica(sc.pc, victim.target_id, ino, 0, victim.length)
         assert code == 0 and back == data[: victim.length]
+        log = sc.pc.log_path(target_node(victim.target_id)).read_text(errors="replace")
+        assert "checksum mismatch" in log, "the storage node never logged the detection"
+        sc.say(f"{target_node(victim.target_id)} logged the checksum mismatch and the repair")
         sc.start_workload()
         sc.progress(15, 30, "workload after the repair")
         problems = sc.final_checks()
