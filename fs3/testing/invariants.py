@@ -79,7 +79,6 @@ def check_replicas(pc: ProcessCluster, *, status: dict[str, Any] | None = None) 
 
     Only meaningful when no writes are in flight and every target is serving.
     """
-    from fs3.storage.chunk_engine import crc32c
 
     s = status or pc.status()
     dirs = storage_target_dirs(pc)

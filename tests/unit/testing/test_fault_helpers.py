@@ -139,3 +139,33 @@ def test_corrupt_chunk_is_caught_by_the_engine(tmp_path: Path) -> None:
         assert ei.value.code == Code.CHECKSUM_MISMATCH
     finally:
         eng.close()
+
+
+def test_compare_chain_finds_every_kind_of_replica_difference(tmp_path: Path) -> None:
+    from fs3.testing.invariants import compare_chain
+
+    engines = {tid: FileChunkEngine(tmp_path / f"t{tid}", fsync=False) for tid in (101, 201, 301)}
+    try:
+        a, b = os.urandom(100_000), os.urandom(50_000)
+        for eng in engines.values():
+            eng.commit(eng.stage_write(ChunkKey(5, 0), 0, a, update_ver=1, chain_ver=1, chunk_size=1 << 20))
+            eng.commit(eng.stage_write(ChunkKey(5, 1), 0, b, update_ver=1, chain_ver=1, chunk_size=1 << 20))
+        dirs = {tid: tmp_path / f"t{tid}" for tid in engines}
+        assert compare_chain(1, dirs) == []
+        # a newer version on one replica only
+        e2 = engines[201]
+        e2.commit(e2.stage_write(ChunkKey(5, 1), 0, b"x" * 10, update_ver=2, chain_ver=1, chunk_size=1 << 20))
+        # a chunk missing on one replica
+        e3 = engines[301]
+        e3.commit(e3.stage_remove(ChunkKey(5, 0), update_ver=2, chain_ver=1))
+        # a corrupt file on the reference replica
+        [cf] = [c for c in list_chunk_files(dirs[101], 101, 5) if c.index == 0]
+        corrupt_chunk(cf)
+        text = "\n".join(compare_chain(1, dirs))
+        assert "target 101 chunk 5:0: file content does not match its checksum" in text
+        assert "chunk 5:1: target 101 has (ver 1" in text and "target 201 has (ver 2" in text
+        assert "targets 101 and 301 hold different chunks (only on 101: [(5, 0)]" in text
+        assert "the bytes differ" in text
+    finally:
+        for eng in engines.values():
+            eng.close()
