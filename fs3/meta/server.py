@@ -10,7 +10,7 @@ cluster_file``) the server
 
 Without one it still serves (files then get an empty chain list: fine for
 metadata-only tests and benchmarks). Background jobs: pruning old idempotency
-records. Prints ``fs3-meta listening on HOST:PORT`` once it serves.
+records and, with a cluster file, deleting removed files' chunks (GC). Prints ``fs3-meta listening on HOST:PORT`` once it serves.
 """
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ async def serve(cfg: MetaConfig, stop: asyncio.Event) -> int:
     watcher: Any = None
     source: ChainTableSource = NoChainTables()
     tasks: list[asyncio.Task[None]] = []
+    gc: Any = None
     server = create_server()
     try:
         if cfg.cluster.cluster_file:
@@ -124,6 +125,21 @@ async def serve(cfg: MetaConfig, stop: asyncio.Event) -> int:
             tasks.append(asyncio.create_task(_heartbeats(mgmtd, cfg, address, stop), name="meta-heartbeat"))
         tasks.append(asyncio.create_task(
             _prune_requests(op, cfg.meta.request_record_ttl_s, stop), name="meta-prune-requests"))
+        if mgmtd is not None:
+            # Removed files' chunks are deleted by the meta servers themselves
+            # (3FS runs GC inside meta); every server may run it: removal and
+            # acknowledgement are idempotent.
+            from fs3.client.gc import GcWorker
+
+            gc = await GcWorker.for_meta_server(
+                mgmtd,
+                list_gc=lambda req: asyncio.to_thread(op.list_gc, req),
+                ack_gc=lambda req: asyncio.to_thread(op.ack_gc, req),
+                client_id=f"meta-gc-{cfg.node.id}",
+                client=cfg.client,
+                transport=cfg.transport,
+            )
+            tasks.append(asyncio.create_task(gc.run(stop), name="meta-gc"))
         await stop.wait()
     finally:
         stop.set()
@@ -133,6 +149,9 @@ async def serve(cfg: MetaConfig, stop: asyncio.Event) -> int:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         await server.stop(grace=0.5)
+        if gc is not None:
+            with contextlib.suppress(Exception):
+                await gc.close()
         if watcher is not None:
             await watcher.stop()
         if mgmtd is not None:

@@ -42,6 +42,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NoReturn
 
 import crc32c as _crc32c
 
@@ -173,6 +174,10 @@ class ChunkEngine(abc.ABC):
 
         Raises CHUNK_NOT_FOUND or CHECKSUM_MISMATCH.
         """
+
+    def read_into(self, key: ChunkKey, offset: int, length: int, dest: memoryview) -> tuple[ChunkMeta, int] | None:
+        """Like :meth:`read` but straight into ``dest``; None if this engine/range cannot (use read)."""
+        return None
 
     @abc.abstractmethod
     def read_pending_full(self, key: ChunkKey) -> bytes:
@@ -673,8 +678,62 @@ class FileChunkEngine(ChunkEngine):
             return meta, buf
         return meta, bytes(mv[offset - start : end - start])
 
+    def read_into(self, key: ChunkKey, offset: int, length: int, dest: memoryview) -> tuple[ChunkMeta, int] | None:
+        """Read committed bytes [offset, offset+length) straight into ``dest``, verified in place.
+
+        The zero-copy read path (shm destinations, i.e. USRBIO): ``preadv`` lands
+        the file pages directly in the client's region and the block CRCs are
+        checked on that memory, so no Python-level copy of the payload is made.
+        Only ranges that start on a checksum block boundary and end on one (or at
+        the chunk's end) qualify — otherwise verifying would need bytes outside
+        ``dest``; then it returns None and the caller uses :meth:`read`.
+        On CHECKSUM_MISMATCH ``dest`` may hold unverified bytes (the caller
+        reports an error, so the client never uses them).
+        """
+        if offset < 0 or length < 0 or len(dest) < length:
+            raise invalid("bad read range or destination too small")
+        meta = self.get(key)
+        if meta is None:
+            raise FsError(Code.CHUNK_NOT_FOUND, f"chunk {key} not found")
+        end = min(meta.length, offset + length)
+        if end <= offset:
+            return meta, 0
+        bs = self.block_size
+        if offset % bs or (end % bs and end != meta.length):
+            return None
+        try:
+            fd = os.open(self._path(meta.file), os.O_RDONLY)
+        except FileNotFoundError:
+            return self.read_into(key, offset, length, dest) if self.get(key) != meta else self._missing(meta)
+        except OSError as e:
+            raise _os_error(e, f"open chunk {key}") from None
+        n = end - offset
+        view = dest[:n]
+        try:
+            done = 0
+            while done < n:
+                k = os.preadv(fd, [view[done:]], offset + done)
+                if k == 0:
+                    break
+                done += k
+        except OSError as e:
+            raise _os_error(e, f"read chunk {key}") from None
+        finally:
+            os.close(fd)
+        if done != n:
+            raise FsError(Code.CHECKSUM_MISMATCH, f"chunk {key}: data file truncated", retryable=False)
+        blocks = _unpack_crcs(meta.block_crcs)
+        first = offset // bs
+        for i in range(first, -(-end // bs)):
+            lo = (i - first) * bs
+            if i >= len(blocks) or crc32c(view[lo : lo + bs]) != blocks[i]:
+                raise FsError(
+                    Code.CHECKSUM_MISMATCH, f"chunk {key}: checksum mismatch in block {i}", retryable=False
+                )
+        return meta, n
+
     @staticmethod
-    def _missing(meta: ChunkMeta) -> tuple[ChunkMeta, bytes]:
+    def _missing(meta: ChunkMeta) -> NoReturn:
         raise FsError(Code.CHECKSUM_MISMATCH, f"chunk {meta.key}: data file missing", retryable=False)
 
     def read_pending_full(self, key: ChunkKey) -> bytes:

@@ -625,6 +625,40 @@ def test_gc_worker_removes_chunks_of_unlinked_files(client: Any) -> None:
     assert client.bridge.run(drain()) == 0
 
 
+
+def test_meta_servers_delete_chunks_of_unlinked_files_on_their_own(client: Any) -> None:
+    """No worker in the test: the meta servers' background GC removes every replica's chunks."""
+    from fs3.proto import storage_pb2
+    from fs3.rpc.channel import call
+
+    core = client.core
+
+    async def chunks_of(ino: int) -> int:
+        n = 0
+        routing = core.routing
+        for t in routing.targets():
+            node = routing.node(t.node_id)
+            r = await call(core.storage._stub(node.address).ListChunks,
+                           storage_pb2.ListChunksRequest(target_id=t.target_id, inode=ino), timeout=10)
+            n += len(r.metas)
+        return n
+
+    with client.open("/gc-auto", "wb") as f:
+        f.write(random.Random(6).randbytes(CHUNK + 1))
+    ino = client.stat("/gc-auto").st_ino
+    assert client.bridge.run(chunks_of(ino)) == 2 * 3
+    client.unlink("/gc-auto")
+
+    async def wait_gone() -> int:
+        deadline = time.monotonic() + 60
+        left = await chunks_of(ino)
+        while left and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            left = await chunks_of(ino)
+        return left
+
+    assert client.bridge.run(wait_gone()) == 0
+
 def test_unclosed_file_is_flushed_at_exit(cluster: ProcessCluster, client: Any) -> None:
     """A program that exits without closing its file still gets its data and length recorded."""
     import subprocess
