@@ -9,13 +9,18 @@ then through :class:`fs3.storage.direct_client.DirectStorageClient`:
 - sequential read of the same data in 1 MiB requests,
 - random 4 KiB reads for ``--rand-seconds``,
 
-and, in the same run on the same disk, the direct baseline with os.pwrite
+For shm the buffers are slices of one registered shared-memory region, as with
+USRBIO Iovs (the zero-copy path); other transports use ordinary buffers. And,
+in the same run on the same disk, the direct baseline with os.pwrite
 (+ fdatasync per 1 MiB, the durability the storage path gives) and os.pread.
 Reads are page-cache warm on both sides (no cache dropping: other work shares
 this host). Prints MB/s, IOPS and the ratio to the direct figures.
 
+With ``--runs N`` everything (direct baseline included) runs N times and the
+median of each figure is reported (the host may be shared: medians are steadier).
+
 Usage: python benchmarks/storage_io.py [--size-mb 1024] [--transports grpc,tcp,shm]
-       [--depth 8] [--rand-seconds 10] [--dir /tmp] [--json]
+       [--depth 8] [--rand-seconds 10] [--runs 1] [--dir /tmp] [--json]
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -35,6 +41,7 @@ from fs3.client.mgmtd_client import MgmtdClient
 from fs3.client.routing import SERVING, Routing
 from fs3.storage.direct_client import DirectStorageClient
 from fs3.testing.procs import MiniCluster
+from fs3.transport import ShmRegion
 
 MiB = 1 << 20
 INODE = 0x0100_0000_0000_0001
@@ -97,8 +104,16 @@ async def bench_transport(root: Path, transport: str, size: int, depth: int, ran
             chain = r.chains()[0].chain_id
             await cl.refresh()
             n = size // MiB
-            buf = memoryview(os.urandom(MiB))
             sem = asyncio.Semaphore(depth)
+            region: ShmRegion | None = None
+            if transport == "shm":  # USRBIO-style: every buffer lives in one registered region
+                region = ShmRegion.create((1 + 2 * depth) * MiB, prefix="fs3-bench")
+                await cl.transport.register_region(region)
+                slices = [region.buf[i * MiB : (i + 1) * MiB] for i in range(1 + 2 * depth)]
+            else:
+                slices = [memoryview(bytearray(MiB)) for _ in range(1 + 2 * depth)]
+            buf = slices[0]
+            buf[:] = os.urandom(MiB)
 
             async def w(i: int) -> None:
                 async with sem:
@@ -108,7 +123,7 @@ async def bench_transport(root: Path, transport: str, size: int, depth: int, ran
             await asyncio.gather(*(w(i) for i in range(n)))
             wt = time.perf_counter() - t
 
-            dests = [memoryview(bytearray(MiB)) for _ in range(depth)]
+            dests = slices[1 : 1 + depth]
             free = list(range(depth))
 
             async def rd(i: int) -> None:
@@ -125,7 +140,7 @@ async def bench_transport(root: Path, transport: str, size: int, depth: int, ran
             rt = time.perf_counter() - t
 
             rng = random.Random(2)
-            small = [memoryview(bytearray(4096)) for _ in range(depth)]
+            small = [s[:4096] for s in slices[1 + depth :]]
             count = 0
             stop_at = time.perf_counter() + rand_s
 
@@ -145,6 +160,8 @@ async def bench_transport(root: Path, transport: str, size: int, depth: int, ran
         finally:
             await cl.close()
             await admin.close()
+            if region is not None:
+                region.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,25 +170,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--transports", default="grpc,tcp,shm")
     ap.add_argument("--depth", type=int, default=8)
     ap.add_argument("--rand-seconds", type=float, default=10.0)
+    ap.add_argument("--runs", type=int, default=1, help="repeat everything; report medians")
     ap.add_argument("--dir", default=None, help="where targets and the direct file live (default: a temp dir)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     size = args.size_mb * MiB
     root = Path(tempfile.mkdtemp(prefix="fs3-bench-", dir=args.dir))
-    results: dict[str, dict[str, float]] = {}
+    runs: dict[str, list[dict[str, float]]] = {}
     try:
-        results["direct"] = direct_baseline(root, size, args.rand_seconds)
-        for tr in [t.strip() for t in args.transports.split(",") if t.strip()]:
-            results[tr] = asyncio.run(bench_transport(root, tr, size, args.depth, args.rand_seconds))
-            shutil.rmtree(root / tr, ignore_errors=True)
+        for _ in range(max(1, args.runs)):
+            runs.setdefault("direct", []).append(direct_baseline(root, size, args.rand_seconds))
+            for tr in [t.strip() for t in args.transports.split(",") if t.strip()]:
+                runs.setdefault(tr, []).append(asyncio.run(bench_transport(root, tr, size, args.depth, args.rand_seconds)))
+                shutil.rmtree(root / tr, ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    results = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
     d = results["direct"]
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
     print(f"storage_io: {args.size_mb} MiB, 1 MiB requests, depth {args.depth}, 3 replicas, fsync on, "
-          f"{os.cpu_count()} cores")
+          f"{os.cpu_count()} cores, median of {max(1, args.runs)} run(s)")
     print(f"{'path':8} {'seq write MB/s':>15} {'seq read MB/s':>14} {'4K rand IOPS':>13}   ratios to direct (w/r/iops)")
     for name, v in results.items():
         ratio = "" if name == "direct" else (

@@ -157,8 +157,10 @@ class StorageSection:
     routing_refresh_s: float = 2.0
     low_space_ratio: float = 0.98  # refuse new chunks above this used fraction
     reserved_bytes: int = 0  # keep this much free on each target's disk
+    io_threads: int = 16  # blocking chunk I/O pool per node (stage, data sync, commit, large reads)
 
     def validate(self) -> None:
+        _check(1 <= self.io_threads <= 256, "io_threads must be in 1..256")
         _check(
             not self.target_ids or not self.targets or len(self.target_ids) == len(self.targets),
             "target_ids must be empty or as long as targets (with no targets: <data_dir>/t<N> per id)",

@@ -367,11 +367,12 @@ class Replicator:
         self, t: StorageTarget, key: ChunkKey, io: storage_pb2.UpdateIO, data: bytes | bytearray | memoryview,
         update_ver: int, chain_ver: int, *, replace_all: bool = False,
     ) -> PendingUpdate:
+        """Stage the update locally; a write's data sync is left to :meth:`forward_and_commit` (overlapped)."""
         eng = t.engine
         if io.type == WRITE:
             return await self.run_blocking(
                 eng.stage_write, key, io.offset, data, update_ver=update_ver, chain_ver=chain_ver,
-                chunk_size=io.chunk_size, replace_all=replace_all, checksum=io.checksum,
+                chunk_size=io.chunk_size, replace_all=replace_all, checksum=io.checksum, sync=False,
             )
         if io.type in (TRUNCATE, EXTEND):
             return await self.run_blocking(
@@ -384,7 +385,43 @@ class Replicator:
         self, t: StorageTarget, p: PendingUpdate, io: storage_pb2.UpdateIO | None,
         data: bytes | bytearray | memoryview, *, redrive: bool = False,
     ) -> storage_pb2.IOResult:
-        """Forward ``p`` to the successor (retrying across chain changes), then commit it."""
+        """Forward ``p`` to the successor (retrying across chain changes), then commit it.
+
+        If the staged data is not durable yet, its ``fdatasync`` runs in the I/O
+        pool *while* the update travels down the chain, so the replicas' syncs
+        overlap instead of adding up. The local commit (and so the ack) still
+        waits for it: nothing is acknowledged before every replica on the path
+        has its data durable. A failed sync takes this target out of service
+        (fail-stop): a successor may already have committed the version, and a
+        chain without us stays consistent.
+        """
+        sync: asyncio.Future[None] | None = None
+        if not p.synced:
+            sync = asyncio.ensure_future(self.run_blocking(t.engine.sync_pending, p))
+        try:
+            return await self._forward_and_commit(t, p, io, data, redrive=redrive, sync=sync)
+        finally:
+            if sync is not None:
+                if not sync.done():
+                    await asyncio.wait([sync])  # never abandon a running sync on this file
+                if not sync.cancelled():
+                    sync.exception()  # retrieved (reported by _wait_sync where it matters)
+
+    async def _wait_sync(self, t: StorageTarget, sync: asyncio.Future[None] | None, *, quiet: bool = False) -> None:
+        if sync is None:
+            return
+        try:
+            await asyncio.shield(sync)
+        except FsError as e:
+            if self.targets.disk_error(t, f"sync of staged data failed: {e.message}"):
+                self.on_local_change()
+            if not quiet:
+                raise
+
+    async def _forward_and_commit(
+        self, t: StorageTarget, p: PendingUpdate, io: storage_pb2.UpdateIO | None,
+        data: bytes | bytearray | memoryview, *, redrive: bool, sync: asyncio.Future[None] | None,
+    ) -> storage_pb2.IOResult:
         deadline = time.monotonic() + self.cfg.forward_retry_s
         delay = 0.1
         while True:
@@ -406,6 +443,7 @@ class Replicator:
                 if not e.retryable and e.code != Code.CHECKSUM_MISMATCH:
                     # A definite refusal (e.g. NO_SPACE, bad input) downstream: no replica
                     # committed this version, so drop ours; the client sees the error.
+                    await self._wait_sync(t, sync, quiet=True)
                     await self.run_blocking(t.engine.abort, p.key)
                     raise
                 if not e.retryable or time.monotonic() + delay > deadline:
@@ -427,6 +465,7 @@ class Replicator:
                     retryable=False,
                 )
             break
+        await self._wait_sync(t, sync)
         meta = await self.run_blocking(t.engine.commit, p, t.chain_version)
         return io_result(meta, update_ver=p.update_ver)
 

@@ -28,6 +28,8 @@ from fs3.transport import ClientTransport, client_transport, is_inline
 
 T = TypeVar("T")
 
+MAX_BATCH_READS = 1024  # the server's per-request limit (operator.MAX_READ_IOS)
+
 
 class RoutingSource:
     """Anything with ``async get_routing(known_version)`` (a ``MgmtdClient``)."""
@@ -67,8 +69,14 @@ class DirectStorageClient:
         self._channels = itertools.cycle(range(1, 65536))
         self._rng = random.Random(0)
         self.retries = 0
+        self._read_queues: dict[
+            str, list[tuple[storage_pb2.ReadIO, asyncio.Future[storage_pb2.ReadResult]]]
+        ] = {}
+        self._bg: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
+        if self._bg:
+            await asyncio.gather(*self._bg, return_exceptions=True)
         await self.transport.close()
         await self._pool.close()
 
@@ -185,11 +193,7 @@ class DirectStorageClient:
             )
             rio.chunk.inode, rio.chunk.index = inode, index
             rio.dest.CopyFrom(ref)
-            resp = await call(
-                self.stub(node.address).BatchRead, storage_pb2.BatchReadRequest(ios=[rio], client_id=self.client_id),
-                timeout=self.rpc_timeout_s, what=f"BatchRead@{node.address}",
-            )
-            res = resp.results[0]
+            res = await self._batched_read(node.address, rio)
             if res.error.code:
                 raise FsError(res.error.code, res.error.message, retryable=res.error.retryable)
             if is_inline(ref):
@@ -198,6 +202,56 @@ class DirectStorageClient:
             return dest[: res.length], res
 
         return await self._retry("read", attempt)
+
+    async def _batched_read(self, address: str, rio: storage_pb2.ReadIO) -> storage_pb2.ReadResult:
+        """Send ``rio`` in one ``BatchRead`` together with every read for ``address`` issued meanwhile.
+
+        Why: one RPC costs far more CPU than serving a small read, so concurrent
+        reads to the same node (queue depth > 1) share one request. Reads
+        queued during the current event-loop turn go out together on the next
+        turn, so a lone read waits one loop iteration and nothing more.
+        """
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[storage_pb2.ReadResult] = loop.create_future()
+        q = self._read_queues.get(address)
+        if q is None:
+            q = self._read_queues[address] = []
+            loop.call_soon(self._flush_reads, address)
+        q.append((rio, fut))
+        return await fut
+
+    def _flush_reads(self, address: str) -> None:
+        q = self._read_queues.pop(address, [])
+        for i in range(0, len(q), MAX_BATCH_READS):
+            task = asyncio.get_running_loop().create_task(self._send_reads(address, q[i : i + MAX_BATCH_READS]))
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
+
+    async def _send_reads(
+        self, address: str, batch: list[tuple[storage_pb2.ReadIO, asyncio.Future[storage_pb2.ReadResult]]]
+    ) -> None:
+        live = [(r, f) for r, f in batch if not f.done()]
+        if not live:
+            return
+        try:
+            resp = await call(
+                self.stub(address).BatchRead,
+                storage_pb2.BatchReadRequest(ios=[r for r, _ in live], client_id=self.client_id),
+                timeout=self.rpc_timeout_s, what=f"BatchRead@{address}",
+            )
+            if len(resp.results) != len(live):
+                raise FsError(Code.INTERNAL, f"BatchRead@{address}: {len(resp.results)} results for {len(live)} reads")
+        except BaseException as e:
+            err = e if isinstance(e, FsError) else FsError(Code.CANCELLED, f"BatchRead@{address}: {e!r}")
+            for _, f in live:
+                if not f.done():
+                    f.set_exception(err)
+            if not isinstance(e, Exception):
+                raise
+            return
+        for (_, f), res in zip(live, resp.results, strict=True):
+            if not f.done():
+                f.set_result(res)
 
     # ------------------------------------------------------------------ admin
 

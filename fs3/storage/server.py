@@ -101,7 +101,7 @@ class StorageNode:
             except ImportError:  # pragma: no cover - transport package incomplete
                 payload = InlinePayloadIO()
         self.payload: PayloadIO = payload  # type: ignore[assignment]
-        self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"storage{self.node_id}-io")
+        self.executor = ThreadPoolExecutor(max_workers=cfg.storage.io_threads, thread_name_prefix=f"storage{self.node_id}-io")
         targets = []
         for tid, d in target_layout(cfg):
             os.makedirs(d, exist_ok=True)

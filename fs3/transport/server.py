@@ -139,6 +139,17 @@ class ServerTransport:
             return await self._tcp_server().deliver_file(ref.tcp, fd, offset, length)
         raise invalid("inline DataRef: return the bytes in the RPC response instead of delivering them")
 
+    def shm_dest_view(self, ref: transport_pb2.DataRef) -> memoryview | None:
+        """The client memory a shm read destination names (writable, bounds-checked), else None.
+
+        Lets the read path ``preadv`` chunk data straight into a USRBIO region and
+        verify it there (no intermediate buffer). The caller must ``release()`` it.
+        Raises INVALID_ARGUMENT for an unknown region or out-of-bounds range.
+        """
+        if ref_kind(ref) != "shm":
+            return None
+        return self.regions.view(ref.shm)
+
     async def deliver_bytes(self, ref: transport_pb2.DataRef, data: memoryview | bytes | bytearray) -> int:
         """Like :meth:`deliver_file` for bytes already in memory."""
         kind = ref_kind(ref)

@@ -59,9 +59,11 @@ def test_full_disk_refuses_cleanly(small_fs: Path, precheck: bool, monkeypatch: 
         assert err is not None, "8 MiB filesystem never filled"
         assert err.code == Code.NO_SPACE and err.errno == 28
         assert len(written) >= 3
-        # nothing half-written: no pending state, only committed files on disk
+        # nothing half-written: no pending state, only committed files (and empty spares) on disk
         assert all(e.pending(k) is None for k in [*written, ChunkKey(1, len(written))])
-        assert _files(small_fs / "t") == {m.file for m in e.list()}
+        spares = e.spare_files()
+        assert all(os.path.getsize(small_fs / "t" / "data" / f) == 0 for f in spares)
+        assert _files(small_fs / "t") - spares == {m.file for m in e.list()}
         # a partial overwrite of an existing chunk needs a COW copy: refused too, old data intact
         k0 = next(iter(written))
         with pytest.raises(FsError) as ei:
