@@ -233,7 +233,13 @@ def test_kill_9_leader_another_takes_over_and_the_old_one_follows(procs: MgmtdPr
     assert [c.SerializeToString() for c in after.chains] == [c.SerializeToString() for c in before.chains]
     # the old leader comes back and follows
     procs.start(leader)
-    r = wait_until(lambda: procs.get_leader(leader), 5, "restarted mgmtd answers")
+    # A just-started mgmtd answers before it has read the lease (address ""); wait
+    # until it knows the leader, then it must name the new one and not lead itself.
+    r = wait_until(
+        lambda: (g := procs.get_leader(leader)) is not None and bool(g.address or g.is_leader) and g,
+        10,
+        "restarted mgmtd knows the leader",
+    )
     assert not r.is_leader and r.address == procs.addresses[new]
     with pytest.raises(FsError) as ei:
         procs.routing_from(leader)
