@@ -774,7 +774,11 @@ class Fs3Operations(pyfuse3.Operations):
             log.info("largest read request so far: %d bytes", size)
         if of.ist.busy:
             await self._settle(of.ist)
-        return await self._call(self.client.read(of.h, off, size))
+        # Read into one buffer and hand pyfuse3 a view of it (it takes any buffer): the client's
+        # read() would copy the bytes once more only to return an immutable object.
+        buf = bytearray(size)
+        n = await self._call(self.client.readinto(of.h, off, buf))
+        return memoryview(buf)[:n]  # type: ignore[return-value]
 
     @_guard
     async def write(self, fh: int, off: int, buf: bytes) -> int:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
@@ -145,6 +146,7 @@ class MgmtdOperator:
         self._lock = asyncio.Lock()
         self._changed = asyncio.Condition()
         self.kick = asyncio.Event()  # wakes the background tick early
+        self._last_check: tuple[float, float] | None = None  # (term, time.monotonic()) of the previous check
         elector.on_gained = self.on_lease_gained
         elector.on_lost = self.on_lease_lost
 
@@ -612,6 +614,21 @@ class MgmtdOperator:
         """Nodes silent past the timeout go OFFLINE, and so do their targets."""
         now = self.clock.time()
         timeout = self.mcfg.heartbeat_timeout_s
+        # If this process itself did not run for a while (CPU starvation, a long pause),
+        # the heartbeats that arrived meanwhile are still queued behind this check: do not
+        # count our own stall as the nodes' silence (seen under load as every node declared
+        # down at once and back 100 ms later). Real time, so fake clocks in tests are unaffected;
+        # only delays detection by the stall, never declares anything earlier.
+        real = time.monotonic()
+        prev, self._last_check = self._last_check, (st.term, real)
+        stall = 0.0
+        if prev is not None and prev[0] == st.term and isinstance(self.clock, SystemClock):
+            stall = real - prev[1] - 2 * self.mcfg.check_interval_s
+        if stall > 0:
+            for node in st.nodes.values():
+                node.last_heartbeat += stall
+            for t in st.targets.values():
+                t.last_report += stall
         if st.bootstrapping and now - st.started > timeout:
             st.bootstrapping = False
             st.dirty_major = True

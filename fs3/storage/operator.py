@@ -129,6 +129,8 @@ class StorageOperator:
     async def batch_read(self, req: storage_pb2.BatchReadRequest) -> storage_pb2.BatchReadResponse:
         if len(req.ios) > MAX_READ_IOS:
             raise invalid(f"batch of {len(req.ios)} reads exceeds {MAX_READ_IOS}")
+        if len(req.ios) == 1:  # the common case: no task per read
+            return storage_pb2.BatchReadResponse(results=[await self._read_one(req.ios[0])])
         results = await asyncio.gather(*(self._read_one(io) for io in req.ios))
         return storage_pb2.BatchReadResponse(results=results)
 
