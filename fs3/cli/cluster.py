@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import errno
 import fcntl
 import json
 import os
@@ -53,6 +52,7 @@ from typing import Any
 
 from fs3 import config as fs3config
 from fs3.errors import Code, FsError
+from fs3.mounts import mount_fstype, mount_state
 
 DEFAULT_DIR = "/var/lib/fs3-local"
 FUSE_DEVICE = "/dev/fuse"
@@ -392,50 +392,6 @@ def port_accepts(address: str, timeout_s: float = 0.5) -> bool:
 
 
 # --------------------------------------------------------------------------- mounts
-
-
-def _unescape_mountinfo(s: str) -> str:
-    out, i = [], 0
-    while i < len(s):
-        if s[i] == "\\" and i + 3 < len(s) + 0 and s[i + 1 : i + 4].isdigit():
-            out.append(chr(int(s[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(s[i])
-            i += 1
-    return "".join(out)
-
-
-def mount_fstype(path: str) -> str | None:
-    """The filesystem type mounted exactly at ``path`` (last mount wins), or None."""
-    path = os.path.abspath(path)
-    found = None
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        left, _, right = line.partition(" - ")
-        parts = left.split()
-        if len(parts) >= 5 and _unescape_mountinfo(parts[4]) == path:
-            found = right.split()[0] if right else "?"
-    return found
-
-
-def mount_state(path: str) -> str:
-    """'mounted' (answers), 'stale' (ENOTCONN: the FUSE daemon is gone), 'other' or 'absent'."""
-    fstype = mount_fstype(path)
-    try:
-        os.stat(path)
-    except OSError as e:
-        if e.errno == errno.ENOTCONN:
-            return "stale"
-        if fstype is None:
-            return "absent"
-        return "stale" if fstype.startswith("fuse") else "other"
-    if fstype is None:
-        return "absent"
-    return "mounted" if fstype.startswith("fuse") else "other"
 
 
 def fuse_unmount(path: str, out: Out) -> bool:

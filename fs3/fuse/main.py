@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import errno
 import logging
 import os
 import shutil
@@ -49,6 +48,7 @@ from typing import cast
 
 from fs3 import config as _config
 from fs3 import logs
+from fs3.mounts import mount_fstype, mount_state
 
 log = logging.getLogger("fs3.fuse")
 
@@ -60,46 +60,6 @@ class MountError(Exception):
 
 
 # ---------------------------------------------------------------------- mount state
-
-
-def _unescape(s: str) -> str:
-    out, i = [], 0
-    while i < len(s):
-        if s[i] == "\\" and i + 3 < len(s) and s[i + 1 : i + 4].isdigit():
-            out.append(chr(int(s[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(s[i])
-            i += 1
-    return "".join(out)
-
-
-def mount_fstype(path: str) -> str | None:
-    """File system type mounted exactly at ``path`` (the last mount wins), or None."""
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return None
-    found = None
-    for line in lines:
-        left, _, right = line.partition(" - ")
-        parts = left.split()
-        if len(parts) >= 5 and _unescape(parts[4]) == path:
-            found = right.split()[0] if right else "?"
-    return found
-
-
-def mount_state(path: str) -> str:
-    """'absent', 'mounted', 'stale' (ENOTCONN: daemon gone) or 'other' (not FUSE)."""
-    fstype = mount_fstype(path)
-    if fstype is None:
-        return "absent"
-    try:
-        os.stat(path)
-    except OSError as e:
-        if e.errno in (errno.ENOTCONN, errno.ECONNABORTED):
-            return "stale"
-    return "mounted" if fstype.startswith("fuse") else "other"
 
 
 def preflight(mountpoint: str, say: Callable[[str], None]) -> None:

@@ -109,7 +109,11 @@ async def serve(cfg: MetaConfig, stop: asyncio.Event) -> int:
             from fs3.client.mgmtd_client import MgmtdClient
             from fs3.client.routing import RoutingWatcher
 
-            mgmtd = MgmtdClient.from_cluster_file(cfg.cluster.cluster_file)
+            # an attempt ends before the next heartbeat is due (see fs3/storage/server.py)
+            mgmtd = MgmtdClient.from_cluster_file(
+                cfg.cluster.cluster_file,
+                timeout_s=max(1.0, min(5.0, cfg.meta.heartbeat_interval_s)),
+            )
             watcher = RoutingWatcher(mgmtd, poll_interval_s=cfg.meta.routing_refresh_s)
             await watcher.start()
             source = RoutingChainTables(watcher)

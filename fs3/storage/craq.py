@@ -367,12 +367,21 @@ class Replicator:
         self, t: StorageTarget, key: ChunkKey, io: storage_pb2.UpdateIO, data: bytes | bytearray | memoryview,
         update_ver: int, chain_ver: int, *, replace_all: bool = False,
     ) -> PendingUpdate:
-        """Stage the update locally; a write's data sync is left to :meth:`forward_and_commit` (overlapped)."""
+        """Stage the update locally.
+
+        With a successor, a write's data sync is left to :meth:`forward_and_commit`
+        (overlapped with forwarding); the tail syncs right away in the same
+        thread hop, as there is nothing to overlap with.
+        """
         eng = t.engine
         if io.type == WRITE:
+            try:
+                defer = self.targets.routing.successor(t.chain_id, t.target_id) is not None
+            except FsError:
+                defer = False
             return await self.run_blocking(
                 eng.stage_write, key, io.offset, data, update_ver=update_ver, chain_ver=chain_ver,
-                chunk_size=io.chunk_size, replace_all=replace_all, checksum=io.checksum, sync=False,
+                chunk_size=io.chunk_size, replace_all=replace_all, checksum=io.checksum, sync=not defer,
             )
         if io.type in (TRUNCATE, EXTEND):
             return await self.run_blocking(

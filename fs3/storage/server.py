@@ -254,7 +254,14 @@ async def serve(cfg: StorageConfig, stop: asyncio.Event) -> int:
         raise FsError(Code.INVALID_ARGUMENT, "[node] id must be > 0 for storage")
     if not cfg.cluster.cluster_file:
         raise FsError(Code.INVALID_ARGUMENT, "[cluster] cluster_file is required for storage")
-    mgmtd = MgmtdClient.from_cluster_file(cfg.cluster.cluster_file, retry_deadline_s=5.0)
+    # One attempt must end well before the next heartbeat is due: a leader that
+    # silently drops traffic (partition) would otherwise hold each heartbeat for
+    # the whole timeout before the standby is tried, and the new leader would
+    # declare this healthy node dead.
+    attempt_s = max(1.0, min(5.0, cfg.storage.heartbeat_interval_s))
+    mgmtd = MgmtdClient.from_cluster_file(
+        cfg.cluster.cluster_file, retry_deadline_s=5.0, timeout_s=attempt_s
+    )
     node = StorageNode(cfg, mgmtd)
     await node.start()
     print(f"fs3-storage listening on {node.address}", flush=True)
