@@ -582,23 +582,28 @@ def test_eof_length_from_storage(cluster: ProcessCluster) -> None:
         eager.close()
 
 
-def test_gc_worker_removes_chunks_of_unlinked_files(client: Any) -> None:
-    """The GC worker (fs3/client/gc.py) drains meta's queue and deletes chunks on every replica."""
-    from fs3.client.gc import GcWorker
+
+async def _chunks_on_every_target(core: Any, ino: int) -> int:
+    """How many chunks of ``ino`` exist, summed over every target (replicas count)."""
     from fs3.proto import storage_pb2
     from fs3.rpc.channel import call
 
+    n = 0
+    routing = core.routing
+    for t in routing.targets():
+        node = routing.node(t.node_id)
+        r = await call(core.storage._stub(node.address).ListChunks,
+                       storage_pb2.ListChunksRequest(target_id=t.target_id, inode=ino), timeout=10)
+        n += len(r.metas)
+    return n
+
+def test_gc_worker_removes_chunks_of_unlinked_files(client: Any) -> None:
+    """The GC worker (fs3/client/gc.py) drains meta's queue and deletes chunks on every replica."""
+    from fs3.client.gc import GcWorker
     core = client.core
 
     async def chunks_of(ino: int) -> int:
-        n = 0
-        routing = core.routing
-        for t in routing.targets():
-            node = routing.node(t.node_id)
-            r = await call(core.storage._stub(node.address).ListChunks,
-                           storage_pb2.ListChunksRequest(target_id=t.target_id, inode=ino), timeout=10)
-            n += len(r.metas)
-        return n
+        return await _chunks_on_every_target(core, ino)
 
     with client.open("/gc-victim", "wb") as f:
         f.write(random.Random(5).randbytes(2 * CHUNK + 5))
@@ -628,20 +633,10 @@ def test_gc_worker_removes_chunks_of_unlinked_files(client: Any) -> None:
 
 def test_meta_servers_delete_chunks_of_unlinked_files_on_their_own(client: Any) -> None:
     """No worker in the test: the meta servers' background GC removes every replica's chunks."""
-    from fs3.proto import storage_pb2
-    from fs3.rpc.channel import call
-
     core = client.core
 
     async def chunks_of(ino: int) -> int:
-        n = 0
-        routing = core.routing
-        for t in routing.targets():
-            node = routing.node(t.node_id)
-            r = await call(core.storage._stub(node.address).ListChunks,
-                           storage_pb2.ListChunksRequest(target_id=t.target_id, inode=ino), timeout=10)
-            n += len(r.metas)
-        return n
+        return await _chunks_on_every_target(core, ino)
 
     with client.open("/gc-auto", "wb") as f:
         f.write(random.Random(6).randbytes(CHUNK + 1))
