@@ -29,6 +29,7 @@ from fs3.transport import ClientTransport, client_transport, is_inline
 T = TypeVar("T")
 
 MAX_BATCH_READS = 1024  # the server's per-request limit (operator.MAX_READ_IOS)
+BATCH_READ_MAX_BYTES = 64 << 10  # only reads up to this size share a BatchRead
 
 
 class RoutingSource:
@@ -207,12 +208,17 @@ class DirectStorageClient:
         """Send ``rio`` in one ``BatchRead`` together with every read for ``address`` issued meanwhile.
 
         Why: one RPC costs far more CPU than serving a small read, so concurrent
-        reads to the same node (queue depth > 1) share one request. Reads
+        small reads to the same node (queue depth > 1) share one request. Reads
         queued during the current event-loop turn go out together on the next
         turn, so a lone read waits one loop iteration and nothing more.
         """
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[storage_pb2.ReadResult] = loop.create_future()
+        if rio.length > BATCH_READ_MAX_BYTES:
+            # Large reads: the RPC overhead is small next to the transfer, and a
+            # batch answers only when its slowest read is done (no pipelining).
+            await self._send_reads(address, [(rio, fut)])
+            return fut.result()
         q = self._read_queues.get(address)
         if q is None:
             q = self._read_queues[address] = []
