@@ -922,7 +922,9 @@ class LocalCluster:
             # a heartbeat since this start, not a node record left over from a previous run
             online = {n.node_id for n in rt.nodes if n.status == 1 and n.last_heartbeat >= started}
             want = {r.node_id for r in metas + storages}
-            targets = {t.target_id for t in rt.targets}
+            # reported alive (up-to-date or online): mgmtd builds chains only from those,
+            # and a storage node reports its targets offline for a moment after start
+            targets = {t.target_id for t in rt.targets if t.local_state in (1, 2)}
             return rt if want <= online and expected_targets <= targets else None
 
         self._wait(

@@ -97,6 +97,30 @@ def process_start_time(pid: int) -> str | None:
     return rest[19].decode() if len(rest) > 19 else ""
 
 
+
+_swept: set[str] = set()
+
+
+def sweep_dead_regions(prefix: str) -> int:
+    """Unlink ``SHM_DIR/<prefix>-<pid>-*`` files whose creating pid is gone; returns how many."""
+    removed = 0
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return 0
+    for name in names:
+        if not name.startswith(prefix + "-"):
+            continue
+        pid_s = name[len(prefix) + 1 :].split("-", 1)[0]
+        if not pid_s.isdigit() or os.path.exists(f"/proc/{pid_s}"):
+            continue
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
 class ShmRegion:
     """A shared-memory file mapped read-write into this process.
 
@@ -117,9 +141,17 @@ class ShmRegion:
 
     @classmethod
     def create(cls, size: int, prefix: str = "fs3-region", region_id: str = "") -> ShmRegion:
-        """Create ``SHM_DIR/<prefix>-<pid>-<id>`` of ``size`` bytes and map it."""
+        """Create ``SHM_DIR/<prefix>-<pid>-<id>`` of ``size`` bytes and map it.
+
+        The first call per prefix also removes files of that prefix left by
+        processes that no longer exist (a daemon killed with SIGKILL cannot
+        unlink its own regions, and /dev/shm is memory).
+        """
         if size <= 0:
             raise invalid(f"region size must be > 0, got {size}")
+        if prefix not in _swept:
+            _swept.add(prefix)
+            sweep_dead_regions(prefix)
         rid = region_id or uuid.uuid4().hex
         path = os.path.join(SHM_DIR, f"{prefix}-{os.getpid()}-{rid}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
