@@ -120,17 +120,28 @@ def _cluster(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
         return
     from fs3.testing.cluster import ProcessCluster
 
-    with ProcessCluster(storage_nodes=3, targets_per_node=1, replicas=args.replicas, meta=1, mgmtd=1) as c:
+    with ProcessCluster(
+        storage_nodes=3, targets_per_node=1, replicas=args.replicas, meta=1, mgmtd=1
+    ) as c:
         yield c.cluster_file, args.local_dir or str(c.dir)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size-mib", type=int, default=1024, help="sequential size (default 1024 = 1 GiB)")
-    ap.add_argument("--rand-seconds", type=float, default=10.0, help="duration of the 4 KiB random-read phase")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--size-mib", type=int, default=1024, help="sequential size (default 1024 = 1 GiB)"
+    )
+    ap.add_argument(
+        "--rand-seconds", type=float, default=10.0, help="duration of the 4 KiB random-read phase"
+    )
     ap.add_argument("--transports", nargs="+", default=["grpc", "tcp", "shm"])
     ap.add_argument("--cluster-file", help="use this running cluster instead of starting one")
-    ap.add_argument("--local-dir", help="directory for the os.pread/os.pwrite baseline (default: the cluster dir)")
+    ap.add_argument(
+        "--local-dir",
+        help="directory for the os.pread/os.pwrite baseline (default: the cluster dir)",
+    )
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
@@ -140,22 +151,34 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, dict[str, float]] = {}
     with _cluster(args) as (cluster_file, local_dir):
-        results["local os.pread/pwrite"] = bench_local(local_dir, size, args.rand_seconds, args.seed)
+        results["local os.pread/pwrite"] = bench_local(
+            local_dir, size, args.rand_seconds, args.seed
+        )
         for kind in args.transports:
             client = fs3.connect(cluster_file, transport=kind)
             try:
-                results[f"fs3 file API / {kind}"] = bench_fs3(client, size, args.rand_seconds, args.seed)
+                results[f"fs3 file API / {kind}"] = bench_fs3(
+                    client, size, args.rand_seconds, args.seed
+                )
             finally:
                 client.close()
             print(f"done: {kind}", file=sys.stderr, flush=True)
 
     base = results["local os.pread/pwrite"]
-    print(f"\nsequential {args.size_mib} MiB in 1 MiB calls, 4 KiB random reads for {args.rand_seconds:g} s; "
-          f"{args.replicas} replicas, one host\n")
-    print(f"{'path':28} {'write MB/s':>10} {'read MB/s':>10} {'4K IOPS':>10}   {'ratio to local (w / r / iops)':>30}")
+    print(
+        f"\nsequential {args.size_mib} MiB in 1 MiB calls, 4 KiB random reads for {args.rand_seconds:g} s; "
+        f"{args.replicas} replicas, one host\n"
+    )
+    print(
+        f"{'path':28} {'write MB/s':>10} {'read MB/s':>10} {'4K IOPS':>10}   {'ratio to local (w / r / iops)':>30}"
+    )
     for name, r in results.items():
-        ratio = " / ".join(f"{r[k] / base[k]:.3f}" for k in ("write_MBps", "read_MBps", "rand4k_iops"))
-        print(f"{name:28} {_fmt(r['write_MBps'])} {_fmt(r['read_MBps'])} {_fmt(r['rand4k_iops'])}   {ratio:>30}")
+        ratio = " / ".join(
+            f"{r[k] / base[k]:.3f}" for k in ("write_MBps", "read_MBps", "rand4k_iops")
+        )
+        print(
+            f"{name:28} {_fmt(r['write_MBps'])} {_fmt(r['read_MBps'])} {_fmt(r['rand4k_iops'])}   {ratio:>30}"
+        )
     return 0
 
 

@@ -43,12 +43,19 @@ def drop_caches() -> None:
 
 
 def fio(directory: Path, name: str, *args: str) -> dict[str, Any]:
-    cmd = ["fio", f"--name={name}", f"--directory={directory}", "--output-format=json", "--ioengine=psync",
-           "--group_reporting", *args]
+    cmd = [
+        "fio",
+        f"--name={name}",
+        f"--directory={directory}",
+        "--output-format=json",
+        "--ioengine=psync",
+        "--group_reporting",
+        *args,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if r.returncode != 0:
         raise RuntimeError(f"fio {name} failed: {r.stderr or r.stdout}")
-    text = r.stdout[r.stdout.index("{"):]
+    text = r.stdout[r.stdout.index("{") :]
     job = json.loads(text)["jobs"][0]
     return {
         "read_MBps": job["read"]["bw_bytes"] / 1e6,
@@ -80,7 +87,9 @@ def meta_ops(directory: Path, n: int) -> dict[str, float]:
     return out
 
 
-def run_suite(directory: Path, size_mb: int, ckpt_mb: int, files: int, rand_s: int) -> dict[str, float]:
+def run_suite(
+    directory: Path, size_mb: int, ckpt_mb: int, files: int, rand_s: int
+) -> dict[str, float]:
     res: dict[str, float] = {}
     w = fio(directory, "seqfile", "--rw=write", "--bs=1m", f"--size={size_mb}m", "--end_fsync=1")
     res["seq_write_MBps"] = w["write_MBps"]
@@ -88,12 +97,28 @@ def run_suite(directory: Path, size_mb: int, ckpt_mb: int, files: int, rand_s: i
     r = fio(directory, "seqfile", "--rw=read", "--bs=1m", f"--size={size_mb}m")
     res["seq_read_MBps"] = r["read_MBps"]
     drop_caches()
-    rr = fio(directory, "seqfile", "--rw=randread", "--bs=4k", f"--size={size_mb}m", "--time_based",
-             f"--runtime={rand_s}", "--randseed=6")
+    rr = fio(
+        directory,
+        "seqfile",
+        "--rw=randread",
+        "--bs=4k",
+        f"--size={size_mb}m",
+        "--time_based",
+        f"--runtime={rand_s}",
+        "--randseed=6",
+    )
     res["rand_read_4k_iops"] = rr["read_iops"]
     for f in directory.glob("seqfile*"):
         f.unlink()
-    c = fio(directory, "ckpt", "--rw=write", "--bs=4m", f"--size={ckpt_mb}m", "--numjobs=4", "--end_fsync=1")
+    c = fio(
+        directory,
+        "ckpt",
+        "--rw=write",
+        "--bs=4m",
+        f"--size={ckpt_mb}m",
+        "--numjobs=4",
+        "--end_fsync=1",
+    )
     res["checkpoint_4x_MBps"] = c["write_MBps"]
     for f in directory.glob("ckpt*"):
         f.unlink()
@@ -102,12 +127,20 @@ def run_suite(directory: Path, size_mb: int, ckpt_mb: int, files: int, rand_s: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--mount", help="an existing fs3 mount point")
-    p.add_argument("--start", action="store_true", help="start a local cluster with a mount for the run")
+    p.add_argument(
+        "--start", action="store_true", help="start a local cluster with a mount for the run"
+    )
     p.add_argument("--transport", default="grpc", help="with --start: grpc | tcp | shm")
-    p.add_argument("--local", help="local-disk directory to compare with (default: a temp dir under /var/tmp)")
-    p.add_argument("--quick", action="store_true", help="smaller sizes (256 MiB, 4 x 64 MiB, 1,000 files)")
+    p.add_argument(
+        "--local", help="local-disk directory to compare with (default: a temp dir under /var/tmp)"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="smaller sizes (256 MiB, 4 x 64 MiB, 1,000 files)"
+    )
     p.add_argument("--size-mb", type=int, default=1024)
     p.add_argument("--ckpt-mb", type=int, default=256)
     p.add_argument("--files", type=int, default=5000)
@@ -124,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         from fs3.testing.cluster import ProcessCluster
 
         base = Path(tempfile.mkdtemp(prefix="fs3-fuse-bench-"))
-        cluster = ProcessCluster(base / "cluster", mount=str(base / "mnt"), transport=args.transport)
+        cluster = ProcessCluster(
+            base / "cluster", mount=str(base / "mnt"), transport=args.transport
+        )
         print(f"starting a local cluster in {base} ...", flush=True)
         cluster.start()
         mount = Path(str(cluster.mountpoint))
@@ -132,7 +167,11 @@ def main(argv: list[str] | None = None) -> int:
         mount = Path(args.mount)
     else:
         p.error("pass --mount DIR or --start")
-    local_base = Path(args.local) if args.local else Path(tempfile.mkdtemp(prefix="fs3-local-bench-", dir="/var/tmp"))
+    local_base = (
+        Path(args.local)
+        if args.local
+        else Path(tempfile.mkdtemp(prefix="fs3-local-bench-", dir="/var/tmp"))
+    )
     fs3_dir = mount / f"bench-{uuid.uuid4().hex[:8]}"
     fs3_dir.mkdir()
     local_dir = local_base / f"bench-{uuid.uuid4().hex[:8]}"
@@ -153,8 +192,10 @@ def main(argv: list[str] | None = None) -> int:
             cluster.close()
             shutil.rmtree(cluster.dir.parent, ignore_errors=True)
     print()
-    print(f"sizes: seq {args.size_mb} MiB (1 MiB blocks), checkpoint 4 x {args.ckpt_mb} MiB (4 MiB blocks, fsync), "
-          f"{args.files} files; {os.cpu_count()} cores")
+    print(
+        f"sizes: seq {args.size_mb} MiB (1 MiB blocks), checkpoint 4 x {args.ckpt_mb} MiB (4 MiB blocks, fsync), "
+        f"{args.files} files; {os.cpu_count()} cores"
+    )
     print(f"{'job':<22} {'fs3':>12} {'local':>12} {'fs3/local':>10}")
     for key in results["fs3"]:
         a, b = results["fs3"][key], results["local"][key]

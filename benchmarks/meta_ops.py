@@ -46,10 +46,16 @@ def start_servers(n: int, workdir: Path) -> tuple[list[subprocess.Popen[str]], l
     addrs: list[str] = []
     for i in range(n):
         cfg = workdir / f"meta{i}.toml"
-        cfg.write_text(f'[node]\nid = {100 + i}\nport = 0\n[kv]\nurl = "sqlite://{db}"\n'
-                       f'[log]\nlevel = "WARNING"\nfile = "{workdir}/meta{i}.log"\n')
-        p = subprocess.Popen([sys.executable, "-m", "fs3.cli.main", "meta", "--config", str(cfg)],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        cfg.write_text(
+            f'[node]\nid = {100 + i}\nport = 0\n[kv]\nurl = "sqlite://{db}"\n'
+            f'[log]\nlevel = "WARNING"\nfile = "{workdir}/meta{i}.log"\n'
+        )
+        p = subprocess.Popen(
+            [sys.executable, "-m", "fs3.cli.main", "meta", "--config", str(cfg)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         assert p.stdout is not None
         line = p.stdout.readline()
         if "listening on" not in line:
@@ -111,12 +117,24 @@ class Driver:
 
 
 async def bench_layout(d: Driver, files: int, ndirs: int, label: str) -> dict[str, float]:
-    top = await d.rpc("Mkdir", meta_pb2.MkdirRequest(user=USER, request_id=uuid.uuid4().hex, parent=1,
-                                                     name=label.encode(), mode=0o755))
+    top = await d.rpc(
+        "Mkdir",
+        meta_pb2.MkdirRequest(
+            user=USER, request_id=uuid.uuid4().hex, parent=1, name=label.encode(), mode=0o755
+        ),
+    )
     dirs = []
     for i in range(ndirs):
-        r = await d.rpc("Mkdir", meta_pb2.MkdirRequest(user=USER, request_id=uuid.uuid4().hex,
-                                                       parent=top.attr.inode, name=b"d%03d" % i, mode=0o755))
+        r = await d.rpc(
+            "Mkdir",
+            meta_pb2.MkdirRequest(
+                user=USER,
+                request_id=uuid.uuid4().hex,
+                parent=top.attr.inode,
+                name=b"d%03d" % i,
+                mode=0o755,
+            ),
+        )
         dirs.append(r.attr.inode)
     placement = [(dirs[i % ndirs], b"file-%06d" % i) for i in range(files)]
     results: dict[str, float] = {}
@@ -126,7 +144,9 @@ async def bench_layout(d: Driver, files: int, ndirs: int, label: str) -> dict[st
             async def go() -> int:
                 await d.rpc(method, make(parent, name))
                 return 1
+
             return go
+
         return [one(p, n) for p, n in placement]
 
     async def phase(name: str, jobs: list[Callable[[], Awaitable[int]]]) -> None:
@@ -134,32 +154,67 @@ async def bench_layout(d: Driver, files: int, ndirs: int, label: str) -> dict[st
         results[name] = n / dt
         print(f"  {label:>10} {name:<8} {n:>7} ops in {dt:6.2f}s = {n / dt:8.0f} ops/s", flush=True)
 
-    await phase("create", job("Mknod", lambda p, n: meta_pb2.MknodRequest(
-        user=USER, request_id=uuid.uuid4().hex, parent=p, name=n, mode=stat.S_IFREG | 0o644)))
-    await phase("stat", job("Lookup", lambda p, n: meta_pb2.LookupRequest(user=USER, parent=p, name=n)))
+    await phase(
+        "create",
+        job(
+            "Mknod",
+            lambda p, n: meta_pb2.MknodRequest(
+                user=USER, request_id=uuid.uuid4().hex, parent=p, name=n, mode=stat.S_IFREG | 0o644
+            ),
+        ),
+    )
+    await phase(
+        "stat", job("Lookup", lambda p, n: meta_pb2.LookupRequest(user=USER, parent=p, name=n))
+    )
 
     def lister(ino: int) -> Callable[[], Awaitable[int]]:
         async def go() -> int:
             count, cursor = 0, b""
             while True:
-                r = await d.rpc("ReadDir", meta_pb2.ReadDirRequest(user=USER, inode=ino, cursor=cursor,
-                                                                   limit=1024, with_attrs=True))
+                r = await d.rpc(
+                    "ReadDir",
+                    meta_pb2.ReadDirRequest(
+                        user=USER, inode=ino, cursor=cursor, limit=1024, with_attrs=True
+                    ),
+                )
                 count += len(r.entries)
                 if not r.more:
                     return count
                 cursor = r.entries[-1].name
+
         return go
 
     await phase("readdir", [lister(i) for i in dirs])
-    await phase("rename", job("Rename", lambda p, n: meta_pb2.RenameRequest(
-        user=USER, request_id=uuid.uuid4().hex, parent=p, name=n, new_parent=p, new_name=n + b".r")))
+    await phase(
+        "rename",
+        job(
+            "Rename",
+            lambda p, n: meta_pb2.RenameRequest(
+                user=USER,
+                request_id=uuid.uuid4().hex,
+                parent=p,
+                name=n,
+                new_parent=p,
+                new_name=n + b".r",
+            ),
+        ),
+    )
     placement = [(p, n + b".r") for p, n in placement]
-    await phase("unlink", job("Unlink", lambda p, n: meta_pb2.RemoveRequest(
-        user=USER, request_id=uuid.uuid4().hex, parent=p, name=n)))
+    await phase(
+        "unlink",
+        job(
+            "Unlink",
+            lambda p, n: meta_pb2.RemoveRequest(
+                user=USER, request_id=uuid.uuid4().hex, parent=p, name=n
+            ),
+        ),
+    )
     return results
 
 
-async def bench(addrs: list[str], files: int, ndirs: int, concurrency: int) -> dict[str, dict[str, float]]:
+async def bench(
+    addrs: list[str], files: int, ndirs: int, concurrency: int
+) -> dict[str, dict[str, float]]:
     d = Driver(addrs, concurrency)
     try:
         out = {
@@ -174,15 +229,22 @@ async def bench(addrs: list[str], files: int, ndirs: int, concurrency: int) -> d
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--files", type=int, default=10_000)
     ap.add_argument("--dirs", type=int, default=100)
     ap.add_argument("--servers", default="1,2", help="comma-separated server counts to run")
     ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--kv-dir", default="", help="where to put the SQLite files (default: a temp dir)")
+    ap.add_argument(
+        "--kv-dir", default="", help="where to put the SQLite files (default: a temp dir)"
+    )
     args = ap.parse_args(argv)
-    print(f"fs3 meta benchmark: {args.files} files, concurrency {args.concurrency}, sqlite KV, "
-          f"{os.cpu_count()} cpus", flush=True)
+    print(
+        f"fs3 meta benchmark: {args.files} files, concurrency {args.concurrency}, sqlite KV, "
+        f"{os.cpu_count()} cpus",
+        flush=True,
+    )
     table: dict[int, dict[str, dict[str, float]]] = {}
     for n in [int(x) for x in args.servers.split(",") if x]:
         work = Path(tempfile.mkdtemp(prefix="fs3-metabench-", dir=args.kv_dir or None))

@@ -62,7 +62,14 @@ class Procs:
     def start(self, *ids: int) -> None:
         for i in ids:
             self.procs[i] = subprocess.Popen(
-                [sys.executable, "-m", "fs3.cli.main", "mgmtd", "--config", str(self.tmp / f"m{i + 1}.toml")],
+                [
+                    sys.executable,
+                    "-m",
+                    "fs3.cli.main",
+                    "mgmtd",
+                    "--config",
+                    str(self.tmp / f"m{i + 1}.toml"),
+                ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
             )
@@ -111,7 +118,9 @@ async def trial(procs: Procs) -> tuple[float, int, int]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--mgmtds", type=int, default=3)
     ap.add_argument("--lease", type=float, default=2.0)
@@ -128,7 +137,10 @@ def main() -> int:
                 elapsed, old, new = asyncio.run(trial(procs))
                 times.append(elapsed)
                 if not args.json:
-                    print(f"trial {n + 1:2d}: mgmtd-{old} killed -> mgmtd-{new} answered in {elapsed:.3f}s", flush=True)
+                    print(
+                        f"trial {n + 1:2d}: mgmtd-{old} killed -> mgmtd-{new} answered in {elapsed:.3f}s",
+                        flush=True,
+                    )
         finally:
             procs.stop_all()
     result = {

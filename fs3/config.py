@@ -139,7 +139,9 @@ class MetaSection:
         _check(self.request_record_ttl_s > 0, "request_record_ttl_s must be > 0")
         _check(self.gc_delay_s >= 0, "gc_delay_s must be >= 0")
         cs = self.default_chunk_size
-        _check(cs >= 4096 and cs & (cs - 1) == 0, "default_chunk_size must be a power of two >= 4096")
+        _check(
+            cs >= 4096 and cs & (cs - 1) == 0, "default_chunk_size must be a power of two >= 4096"
+        )
         _check(self.default_stripe >= 1, "default_stripe must be >= 1")
         _check(self.inode_batch >= 1, "inode_batch must be >= 1")
 
@@ -176,7 +178,9 @@ class TransportSection:
     tcp_port: int = 0  # storage: port of the framed TCP data listener (0 = free port)
     timeout_s: float = 30.0  # a tcp frame that does not arrive in this time fails (retryable)
     region_check_interval_s: float = 1.0  # storage: drop shm regions of dead owner pids this often
-    shm_staging_bytes: int = 64 << 20  # client: shm staging arena for buffers outside registered regions
+    shm_staging_bytes: int = (
+        64 << 20
+    )  # client: shm staging arena for buffers outside registered regions
     shm_staging_max_bytes: int = 512 << 20  # client: cap on all staging arenas together
 
     def validate(self) -> None:
@@ -197,7 +201,9 @@ class ClientSection:
     retry_deadline_s: float = 60.0  # keep retrying transient errors this long
     rpc_timeout_s: float = 10.0
     io_depth: int = 16  # chunk requests in flight per file operation
-    readahead_chunks: int = 4  # Python API: chunks prefetched ahead of a sequential reader (0 = off)
+    readahead_chunks: int = (
+        4  # Python API: chunks prefetched ahead of a sequential reader (0 = off)
+    )
     eof_length_from_storage: bool = False  # a read reaching meta's EOF also asks storage (QueryLastChunk) for unreported writes of other clients
     length_report_interval_s: float = 5.0  # long writers report file length this often
     routing_refresh_s: float = 2.0
@@ -216,7 +222,9 @@ class FuseSection:
     max_readahead_kb: int = 16384
     writeback_cache: bool = False
     allow_other: bool = True
-    log_file: str = ""  # daemon log; empty: /var/log/fs3 (root) or ~/.local/state/fs3, mount-<mountpoint>.log
+    log_file: str = (
+        ""  # daemon log; empty: /var/log/fs3 (root) or ~/.local/state/fs3, mount-<mountpoint>.log
+    )
     max_background: int = 64  # kernel: async requests (readahead, writeback) in flight per mount
     max_tasks: int = 256  # pyfuse3 worker tasks (requests served concurrently)
     write_buffer: bool = True  # coalesce small sequential writes into chunk-sized storage writes
@@ -304,7 +312,16 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in {"1", "true", "yes", "on", "0", "false", "no", "off"}:
+        if isinstance(value, str) and value.lower() in {
+            "1",
+            "true",
+            "yes",
+            "on",
+            "0",
+            "false",
+            "no",
+            "off",
+        }:
             return value.lower() in {"1", "true", "yes", "on"}
         raise ConfigError(f"{where}: expected a boolean, got {value!r}")
     if tp is int:
@@ -343,7 +360,13 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}: unsupported type {tp!r}")
 
 
-def from_dict(cls: type[C], data: Mapping[str, Any], *, source: str = "<dict>", env: Mapping[str, str] | None = None) -> C:
+def from_dict(
+    cls: type[C],
+    data: Mapping[str, Any],
+    *,
+    source: str = "<dict>",
+    env: Mapping[str, str] | None = None,
+) -> C:
     """Build and validate a service config from parsed TOML and env overrides."""
     hints = typing.get_type_hints(cls)
     sections: dict[str, Any] = {}
@@ -378,7 +401,9 @@ def from_dict(cls: type[C], data: Mapping[str, Any], *, source: str = "<dict>", 
     return cls(**sections)
 
 
-def load(cls: type[C], path: str | os.PathLike[str] | None, *, env: Mapping[str, str] | None = None) -> C:
+def load(
+    cls: type[C], path: str | os.PathLike[str] | None, *, env: Mapping[str, str] | None = None
+) -> C:
     """Load a service config from a TOML file (None: defaults only) plus env overrides."""
     if env is None:
         env = os.environ

@@ -43,7 +43,9 @@ def service_main(
 ) -> int:
     parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--config", "-c", help="TOML config file (defaults if omitted)")
-    parser.add_argument("--print-config", action="store_true", help="print the effective config and exit")
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the effective config and exit"
+    )
     args = parser.parse_args(argv)
     try:
         cfg = _config.load(config_cls, args.config)

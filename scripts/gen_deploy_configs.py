@@ -32,7 +32,10 @@ TEMPLATES: dict[str, tuple[type, str]] = {
     "mgmtd.toml": (config.MgmtdConfig, "fs3 mgmtd --config /etc/fs3/mgmtd.toml"),
     "meta.toml": (config.MetaConfig, "fs3 meta --config /etc/fs3/meta.toml"),
     "storage.toml": (config.StorageConfig, "fs3 storage --config /etc/fs3/storage.toml"),
-    "client.toml": (config.ClientConfig, "fs3 mount --cluster FILE MOUNTPOINT (FS3_* overrides), Python API"),
+    "client.toml": (
+        config.ClientConfig,
+        "fs3 mount --cluster FILE MOUNTPOINT (FS3_* overrides), Python API",
+    ),
 }
 
 
@@ -48,7 +51,12 @@ def field_comments(cls: type) -> dict[str, str]:
     for tok in tokenize.generate_tokens(io.StringIO(src).readline):
         if tok.type == tokenize.NL or tok.type == tokenize.NEWLINE:
             current = None
-        elif tok.type == tokenize.NAME and current is None and tok.start[1] == 4 and tok.string in names:
+        elif (
+            tok.type == tokenize.NAME
+            and current is None
+            and tok.start[1] == 4
+            and tok.string in names
+        ):
             current = tok.string
         elif tok.type == tokenize.COMMENT and current is not None:
             comments[current] = tok.string.lstrip("#").strip()
@@ -120,7 +128,9 @@ def main(argv: list[str]) -> int:
             print(f"wrote {path.relative_to(ROOT)}")
     if stale:
         print(
-            "deploy templates are stale: " + ", ".join(stale) + " (run python scripts/gen_deploy_configs.py)",
+            "deploy templates are stale: "
+            + ", ".join(stale)
+            + " (run python scripts/gen_deploy_configs.py)",
             file=sys.stderr,
         )
         return 1

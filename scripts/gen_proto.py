@@ -41,7 +41,9 @@ def generate(out: Path) -> None:
         text = p.read_text()
         text = pat.sub(lambda m: f"from . import {m.group(1)}_pb2{m.group(2) or ''}", text)
         p.write_text(text)
-    (out / "__init__.py").write_text('"""Generated gRPC/protobuf code (scripts/gen_proto.py). Do not edit."""\n')
+    (out / "__init__.py").write_text(
+        '"""Generated gRPC/protobuf code (scripts/gen_proto.py). Do not edit."""\n'
+    )
 
 
 def main() -> int:
@@ -50,10 +52,16 @@ def main() -> int:
         tmpd = Path(tmp)
         generate(tmpd)
         fresh = {p.name: p.read_text() for p in tmpd.iterdir() if p.is_file()}
-    current = {p.name: p.read_text() for p in OUT_DIR.iterdir() if p.is_file()} if OUT_DIR.exists() else {}
+    current = (
+        {p.name: p.read_text() for p in OUT_DIR.iterdir() if p.is_file()}
+        if OUT_DIR.exists()
+        else {}
+    )
     if check:
         if fresh != current:
-            stale = sorted(set(fresh) ^ set(current) | {n for n in fresh if current.get(n) != fresh[n]})
+            stale = sorted(
+                set(fresh) ^ set(current) | {n for n in fresh if current.get(n) != fresh[n]}
+            )
             print("generated code is stale; run: python scripts/gen_proto.py", file=sys.stderr)
             print("differs: " + ", ".join(stale), file=sys.stderr)
             return 1

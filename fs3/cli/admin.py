@@ -120,7 +120,9 @@ def status_view(r: Routing, leader: mgmtd_pb2.GetLeaderResponse) -> dict[str, An
             s = PUBLIC_STATE_NAMES.get(t.public_state, "?")
             by_state[s] = by_state.get(s, 0) + 1
     healthy = sum(1 for c in r.chains() if all(t.public_state == SERVING for t in c.targets))
-    unavailable = sum(1 for c in r.chains() if not any(t.public_state == SERVING for t in c.targets))
+    unavailable = sum(
+        1 for c in r.chains() if not any(t.public_state == SERVING for t in c.targets)
+    )
     leader_name = ""
     try:
         leader_name = r.node(leader.node_id).name
@@ -142,7 +144,9 @@ def status_view(r: Routing, leader: mgmtd_pb2.GetLeaderResponse) -> dict[str, An
 
 
 async def _run(args: argparse.Namespace) -> int:
-    client = MgmtdClient.from_cluster_file(args.cluster, timeout_s=args.timeout, retry_deadline_s=args.timeout * 3)
+    client = MgmtdClient.from_cluster_file(
+        args.cluster, timeout_s=args.timeout, retry_deadline_s=args.timeout * 3
+    )
     try:
         return await _dispatch(client, args)
     finally:
@@ -170,8 +174,18 @@ async def _dispatch(client: MgmtdClient, args: argparse.Namespace) -> int:
             rows,
             _table(
                 ["ID", "NAME", "TYPE", "STATUS", "ADDRESS", "DATA", "LEADER"],
-                [[n["id"], n["name"], n["type"], n["status"], n["address"], n["data_address"] or "-",
-                  "*" if n["leader"] else ""] for n in rows],
+                [
+                    [
+                        n["id"],
+                        n["name"],
+                        n["type"],
+                        n["status"],
+                        n["address"],
+                        n["data_address"] or "-",
+                        "*" if n["leader"] else "",
+                    ]
+                    for n in rows
+                ],
             ),
         )
     elif cmd == "targets":
@@ -181,9 +195,20 @@ async def _dispatch(client: MgmtdClient, args: argparse.Namespace) -> int:
             rows,
             _table(
                 ["ID", "NODE", "CHAIN", "STATE", "LOCAL", "ADMIN", "USED", "FREE", "ERRORS"],
-                [[t["id"], t["node"] or t["node_id"], t["chain"] or "-", t["state"], t["local_state"],
-                  "offline" if t["admin_offline"] else "", _gib(t["used_bytes"]), _gib(t["free_bytes"]),
-                  t["errors"]] for t in rows],
+                [
+                    [
+                        t["id"],
+                        t["node"] or t["node_id"],
+                        t["chain"] or "-",
+                        t["state"],
+                        t["local_state"],
+                        "offline" if t["admin_offline"] else "",
+                        _gib(t["used_bytes"]),
+                        _gib(t["free_bytes"]),
+                        t["errors"],
+                    ]
+                    for t in rows
+                ],
             ),
         )
     elif cmd == "chains":
@@ -193,9 +218,16 @@ async def _dispatch(client: MgmtdClient, args: argparse.Namespace) -> int:
             rows,
             _table(
                 ["ID", "VERSION", "TARGETS (head first)"],
-                [[c["id"], c["version"],
-                  " ".join(f"{t}({s})" for t, s in zip(c["targets"], c["states"], strict=True))]
-                 for c in rows],
+                [
+                    [
+                        c["id"],
+                        c["version"],
+                        " ".join(
+                            f"{t}({s})" for t, s in zip(c["targets"], c["states"], strict=True)
+                        ),
+                    ]
+                    for c in rows
+                ],
             ),
         )
     elif cmd == "chain-tables":
@@ -214,11 +246,17 @@ async def _dispatch(client: MgmtdClient, args: argparse.Namespace) -> int:
         data: dict[str, Any] = {
             "table": MessageToDict(resp.table, preserving_proto_field_name=True),
             "chains": [
-                {"id": c.chain_id, "version": c.version, "targets": [t.target_id for t in c.targets]}
+                {
+                    "id": c.chain_id,
+                    "version": c.version,
+                    "targets": [t.target_id for t in c.targets],
+                }
                 for c in resp.chains
             ],
             "balance": MessageToDict(
-                resp.balance, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+                resp.balance,
+                preserving_proto_field_name=True,
+                always_print_fields_with_no_presence=True,
             ),
         }
         b = resp.balance
@@ -283,10 +321,18 @@ def _compact(ids: Sequence[int]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="JSON output")
-    common.add_argument("--cluster", default=argparse.SUPPRESS, help="cluster file (or FS3_CLUSTER_FILE)")
-    common.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help="seconds per RPC attempt")
-    p = argparse.ArgumentParser(prog="fs3 admin", description="administer an fs3 cluster", parents=[common])
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="JSON output"
+    )
+    common.add_argument(
+        "--cluster", default=argparse.SUPPRESS, help="cluster file (or FS3_CLUSTER_FILE)"
+    )
+    common.add_argument(
+        "--timeout", type=float, default=argparse.SUPPRESS, help="seconds per RPC attempt"
+    )
+    p = argparse.ArgumentParser(
+        prog="fs3 admin", description="administer an fs3 cluster", parents=[common]
+    )
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_ in [
         ("nodes", "list nodes"),
@@ -296,10 +342,14 @@ def build_parser() -> argparse.ArgumentParser:
         ("status", "cluster summary"),
     ]:
         sub.add_parser(name, help=help_, parents=[common])
-    c = sub.add_parser("create-chain-table", help="create or extend a chain table", parents=[common])
+    c = sub.add_parser(
+        "create-chain-table", help="create or extend a chain table", parents=[common]
+    )
     c.add_argument("--table-id", type=int, required=True)
     c.add_argument("--replicas", type=int, required=True)
-    c.add_argument("--nodes", default="", help="comma-separated storage node ids (default: all online)")
+    c.add_argument(
+        "--nodes", default="", help="comma-separated storage node ids (default: all online)"
+    )
     c.add_argument("--desc", default="")
     for name in ("target-offline", "target-online"):
         t = sub.add_parser(name, help=f"mark a target {name.split('-')[1]}", parents=[common])

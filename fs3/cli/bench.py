@@ -381,7 +381,9 @@ class BenchOptions:
         if bad:
             raise ValueError(f"unknown phase(s) {', '.join(bad)}; known: {', '.join(PHASES)}")
         if self.usrbio and self.cluster:
-            raise ValueError("--usrbio works on a mount point; it cannot be combined with --cluster")
+            raise ValueError(
+                "--usrbio works on a mount point; it cannot be combined with --cluster"
+            )
 
 
 def _run_threads(n: int, fn: Callable[[int], list[float]]) -> tuple[float, list[float]]:
@@ -435,17 +437,25 @@ class Bench:
         opts.validate()
         self.o = opts
         self.progress = progress or Progress(False)
-        self.fs: FS = ClientFS(opts.cluster, opts.transport) if opts.cluster else PosixFS(direct=opts.direct)
+        self.fs: FS = (
+            ClientFS(opts.cluster, opts.transport) if opts.cluster else PosixFS(direct=opts.direct)
+        )
         base = opts.path if (opts.path or not opts.cluster) else "/"
         self.root = os.path.join(base or "/", f"fs3-bench-{uuid.uuid4().hex[:8]}")
         self.big_paths = [os.path.join(self.root, f"big-{i}") for i in range(opts.threads)]
         self.small_dir = os.path.join(self.root, "small")
-        self.small_paths = [os.path.join(self.small_dir, f"f{i:07d}") for i in range(opts.small_files)]
+        self.small_paths = [
+            os.path.join(self.small_dir, f"f{i:07d}") for i in range(opts.small_files)
+        ]
         self.results: dict[str, PhaseResult] = {}
         self.cache_dropped: bool | None = None
         rng = random.Random(opts.seed)
         self.block = memoryview(rng.randbytes(opts.block_size))
-        self.small_data = memoryview(rng.randbytes(opts.small_file_size)) if opts.small_file_size else memoryview(b"")
+        self.small_data = (
+            memoryview(rng.randbytes(opts.small_file_size))
+            if opts.small_file_size
+            else memoryview(b"")
+        )
         self._usrbio_mount: str | None = None
 
     # ---------------------------------------------------------------- helpers
@@ -458,8 +468,17 @@ class Bench:
             ok = drop_caches()
             self.cache_dropped = ok if self.cache_dropped is None else (self.cache_dropped and ok)
 
-    def _phase(self, name: str, total: int, fn: Callable[[int], list[float]], ops: int | None, nbytes: int,
-               note: str = "", *, op_bytes: int = 0) -> PhaseResult:
+    def _phase(
+        self,
+        name: str,
+        total: int,
+        fn: Callable[[int], list[float]],
+        ops: int | None,
+        nbytes: int,
+        note: str = "",
+        *,
+        op_bytes: int = 0,
+    ) -> PhaseResult:
         """Run ``fn`` in every thread; ``ops=None`` counts latencies (× ``op_bytes`` bytes each)."""
         self.progress.start(name, total)
         wall, lats = _run_threads(self.o.threads, fn)
@@ -470,7 +489,9 @@ class Bench:
         self.results[name] = r
         s = r.summary()
         rate = f"{s['mib_s']:.1f} MiB/s" if r.bytes else f"{s['ops_s']:.0f} ops/s"
-        self.progress.finish(f"{rate:>14}  p50 {s['p50_ms']:.3f} ms  p99 {s['p99_ms']:.3f} ms  ({wall:.2f} s)")
+        self.progress.finish(
+            f"{rate:>14}  p50 {s['p50_ms']:.3f} ms  p99 {s['p99_ms']:.3f} ms  ({wall:.2f} s)"
+        )
         return r
 
     def _slice(self, i: int) -> list[str]:
@@ -497,13 +518,21 @@ class Bench:
                     self.progress.add(1, len(chunk))
                 t = time.perf_counter()
                 f.fsync()
-                lat.append(time.perf_counter() - t)  # the fsync is part of the cost, and shows in p99
+                lat.append(
+                    time.perf_counter() - t
+                )  # the fsync is part of the cost, and shows in p99
             finally:
                 f.close()
             return lat
 
-        self._phase("big_write", nblocks * self.o.threads, work, nblocks * self.o.threads, size * self.o.threads,
-                    note="fsync at end")
+        self._phase(
+            "big_write",
+            nblocks * self.o.threads,
+            work,
+            nblocks * self.o.threads,
+            size * self.o.threads,
+            note="fsync at end",
+        )
 
     def big_read(self) -> None:
         size, bs = self.o.big_file_size, self.o.block_size
@@ -530,7 +559,13 @@ class Bench:
                 raise OSError(f"big_read: read {got} bytes of {self.big_paths[i]}, expected {size}")
             return lat
 
-        self._phase("big_read", nblocks * self.o.threads, work, nblocks * self.o.threads, size * self.o.threads)
+        self._phase(
+            "big_read",
+            nblocks * self.o.threads,
+            work,
+            nblocks * self.o.threads,
+            size * self.o.threads,
+        )
 
     def rand_read(self) -> None:
         size, rs, secs = self.o.big_file_size, self.o.rand_read_size, self.o.rand_read_seconds
@@ -569,8 +604,12 @@ class Bench:
         want_direct = bool(getattr(self.fs, "direct", False))
         r = self._phase("rand_read", 0, work, None, 0, op_bytes=rs)
         direct = want_direct and bool(getattr(self.fs, "direct", False))
-        r.note = "O_DIRECT" if direct else ("O_DIRECT not supported here: " if want_direct else "") + \
-            "buffered, POSIX_FADV_RANDOM, cache dropped"
+        r.note = (
+            "O_DIRECT"
+            if direct
+            else ("O_DIRECT not supported here: " if want_direct else "")
+            + "buffered, POSIX_FADV_RANDOM, cache dropped"
+        )
 
     # ---------------------------------------------------------------- big files (USRBIO)
 
@@ -613,8 +652,12 @@ class Bench:
                         for c in wait_for_ios(ior, max_results=depth, min_results=1, timeout=60.0):
                             slot, blk, ln = c.userdata
                             if c.result != ln:
-                                what = os.strerror(-c.result) if c.result < 0 else f"{c.result} bytes"
-                                raise OSError(f"usrbio {'write' if write else 'read'} of block {blk}: {what}")
+                                what = (
+                                    os.strerror(-c.result) if c.result < 0 else f"{c.result} bytes"
+                                )
+                                raise OSError(
+                                    f"usrbio {'write' if write else 'read'} of block {blk}: {what}"
+                                )
                             lat.append(time.perf_counter() - started.pop(blk))
                             free.append(slot)
                             done += 1
@@ -632,15 +675,27 @@ class Bench:
             return lat
 
         name = "big_write" if write else "big_read"
-        self._phase(name, nblocks * self.o.threads, work, nblocks * self.o.threads, size * self.o.threads,
-                    note=f"usrbio, {depth} x {fmt_bytes(bs)} in flight" + (", fsync at end" if write else ""))
+        self._phase(
+            name,
+            nblocks * self.o.threads,
+            work,
+            nblocks * self.o.threads,
+            size * self.o.threads,
+            note=f"usrbio, {depth} x {fmt_bytes(bs)} in flight"
+            + (", fsync at end" if write else ""),
+        )
 
     def _usrbio_rand(self) -> None:
         from fs3.usrbio import Ior, Iov, dereg_fd, prep_io, reg_fd, submit_ios, wait_for_ios
 
         assert self._usrbio_mount is not None
         mount = self._usrbio_mount
-        size, rs, secs, depth = self.o.big_file_size, self.o.rand_read_size, self.o.rand_read_seconds, self.o.rand_iodepth
+        size, rs, secs, depth = (
+            self.o.big_file_size,
+            self.o.rand_read_size,
+            self.o.rand_read_seconds,
+            self.o.rand_iodepth,
+        )
         slots = size // rs
         if slots < 1:
             raise ValueError("rand_read needs --big-file-size >= --rand-read-size")
@@ -662,7 +717,15 @@ class Bench:
                         now = time.perf_counter()
                         while free and now < end:
                             slot = free.pop()
-                            prep_io(ior, iov, slot * rs, fd, rng.randrange(slots) * rs, rs, userdata=(slot, now))
+                            prep_io(
+                                ior,
+                                iov,
+                                slot * rs,
+                                fd,
+                                rng.randrange(slots) * rs,
+                                rs,
+                                userdata=(slot, now),
+                            )
                             inflight += 1
                         if inflight == 0:
                             break
@@ -670,7 +733,9 @@ class Bench:
                         for c in wait_for_ios(ior, max_results=depth, min_results=1, timeout=60.0):
                             slot, t0 = c.userdata
                             if c.result != rs:
-                                what = os.strerror(-c.result) if c.result < 0 else f"{c.result} bytes"
+                                what = (
+                                    os.strerror(-c.result) if c.result < 0 else f"{c.result} bytes"
+                                )
                                 raise OSError(f"usrbio random read: {what}")
                             lat.append(time.perf_counter() - t0)
                             free.append(slot)
@@ -684,7 +749,9 @@ class Bench:
                 os.close(fd)
             return lat
 
-        self._phase("rand_read", 0, work, None, 0, note=f"usrbio, {depth} in flight per thread", op_bytes=rs)
+        self._phase(
+            "rand_read", 0, work, None, 0, note=f"usrbio, {depth} in flight per thread", op_bytes=rs
+        )
 
     # ---------------------------------------------------------------- small files and metadata
 
@@ -692,7 +759,9 @@ class Bench:
         name = "small_write_fsync" if fsync else "small_write"
         paths = self.small_paths
         if fsync and self._want("small_write"):
-            paths = [p + ".s" for p in self.small_paths]  # a second set: fresh creates, not overwrites
+            paths = [
+                p + ".s" for p in self.small_paths
+            ]  # a second set: fresh creates, not overwrites
         data = self.small_data
 
         def work(i: int) -> list[float]:
@@ -711,8 +780,14 @@ class Bench:
                 self.progress.add(1, len(data))
             return lat
 
-        self._phase(name, len(paths), work, len(paths), len(paths) * len(data),
-                    note="create+write+fsync+close" if fsync else "create+write+close")
+        self._phase(
+            name,
+            len(paths),
+            work,
+            len(paths),
+            len(paths) * len(data),
+            note="create+write+fsync+close" if fsync else "create+write+close",
+        )
         if fsync and paths is not self.small_paths:
             for p in paths:
                 self.fs.unlink(p)
@@ -742,8 +817,14 @@ class Bench:
                 self.progress.add(1, got)
             return lat
 
-        self._phase("small_read", len(self.small_paths), work, len(self.small_paths),
-                    len(self.small_paths) * size, note="open+read+close")
+        self._phase(
+            "small_read",
+            len(self.small_paths),
+            work,
+            len(self.small_paths),
+            len(self.small_paths) * size,
+            note="open+read+close",
+        )
 
     def stat_files(self) -> None:
         def work(i: int) -> list[float]:
@@ -769,7 +850,14 @@ class Bench:
             self.progress.add(n)
             return [time.perf_counter() - t]
 
-        self._phase("readdir", len(self.small_paths), work, len(self.small_paths), 0, note="one listing; ops = entries")
+        self._phase(
+            "readdir",
+            len(self.small_paths),
+            work,
+            len(self.small_paths),
+            0,
+            note="one listing; ops = entries",
+        )
         if not counts or counts[0] != len(self.small_paths):
             raise OSError(f"readdir listed {counts} entries, expected {len(self.small_paths)}")
 
@@ -897,26 +985,48 @@ def format_table(result: dict[str, Any]) -> str:
         + f"  threads={result['threads']}",
         f"big file {fmt_bytes(o['big_file_size'])} x {result['threads']} in {fmt_bytes(o['block_size'])} blocks; "
         f"{o['small_files']} small files of {fmt_bytes(o['small_file_size'])}; "
-        + ("page cache dropped before reads" if result.get("cache_dropped") else
-           "page cache NOT dropped before reads" if result.get("cache_dropped") is False else "no read phase"),
+        + (
+            "page cache dropped before reads"
+            if result.get("cache_dropped")
+            else "page cache NOT dropped before reads"
+            if result.get("cache_dropped") is False
+            else "no read phase"
+        ),
     ]
     cols = ["ITEM", "THROUGHPUT", "OPS/S", "P50", "P99", "OPS", "TIME"]
     rows = []
     for name, s in result["phases"].items():
         tp = f"{s['mib_s']:.1f} MiB/s" if s["bytes"] else "-"
-        rows.append([
-            _LABELS.get(name, name), tp, f"{s['ops_s']:.1f}", f"{s['p50_ms']:.3f} ms", f"{s['p99_ms']:.3f} ms",
-            str(s["ops"]), f"{s['seconds']:.2f} s",
-        ])
-    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
+        rows.append(
+            [
+                _LABELS.get(name, name),
+                tp,
+                f"{s['ops_s']:.1f}",
+                f"{s['p50_ms']:.3f} ms",
+                f"{s['p99_ms']:.3f} ms",
+                str(s["ops"]),
+                f"{s['seconds']:.2f} s",
+            ]
+        )
+    widths = [
+        max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)
+    ]
     sep = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
 
     def line(cells: list[str]) -> str:
-        return "|" + "|".join(f" {c:<{w}} " if i == 0 else f" {c:>{w}} " for i, (c, w) in
-                              enumerate(zip(cells, widths, strict=True))) + "|"
+        return (
+            "|"
+            + "|".join(
+                f" {c:<{w}} " if i == 0 else f" {c:>{w}} "
+                for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+            )
+            + "|"
+        )
 
     out = head + [sep, line(cols), sep] + [line(r) for r in rows] + [sep]
-    notes = [f"  {_LABELS.get(n, n)}: {s['note']}" for n, s in result["phases"].items() if s.get("note")]
+    notes = [
+        f"  {_LABELS.get(n, n)}: {s['note']}" for n, s in result["phases"].items() if s.get("note")
+    ]
     if notes:
         out += ["notes:"] + notes
     return "\n".join(out)
@@ -926,26 +1036,62 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fs3 bench",
         description="Benchmark big-file and small-file I/O and metadata on a directory "
-                    "(an fs3 mount or any other), or on a cluster through the Python API.",
+        "(an fs3 mount or any other), or on a cluster through the Python API.",
     )
-    p.add_argument("path", nargs="?", default=None,
-                   help="directory to benchmark in (with --cluster: an fs3 path, default /)")
-    p.add_argument("--big-file-size", default="1G", help="size of each thread's big file (default 1G; 0 skips)")
+    p.add_argument(
+        "path",
+        nargs="?",
+        default=None,
+        help="directory to benchmark in (with --cluster: an fs3 path, default /)",
+    )
+    p.add_argument(
+        "--big-file-size", default="1G", help="size of each thread's big file (default 1G; 0 skips)"
+    )
     p.add_argument("--block-size", default="1M", help="I/O size for big files (default 1M)")
-    p.add_argument("--small-files", type=int, default=1000, help="number of small files in total (default 1000)")
-    p.add_argument("--small-file-size", default="128K", help="size of each small file (default 128K; 0: empty)")
-    p.add_argument("--small-fsync", action="store_true", help="also time small-file writes with an fsync each")
+    p.add_argument(
+        "--small-files",
+        type=int,
+        default=1000,
+        help="number of small files in total (default 1000)",
+    )
+    p.add_argument(
+        "--small-file-size", default="128K", help="size of each small file (default 128K; 0: empty)"
+    )
+    p.add_argument(
+        "--small-fsync", action="store_true", help="also time small-file writes with an fsync each"
+    )
     p.add_argument("--threads", "-p", type=int, default=1, help="concurrent workers (default 1)")
-    p.add_argument("--rand-read-seconds", type=float, default=0.0, help="time random reads of the big files (0: off)")
+    p.add_argument(
+        "--rand-read-seconds",
+        type=float,
+        default=0.0,
+        help="time random reads of the big files (0: off)",
+    )
     p.add_argument("--rand-read-size", default="4K", help="random read size (default 4K)")
     p.add_argument("--direct", action="store_true", help="O_DIRECT random reads where supported")
-    p.add_argument("--no-drop-caches", dest="drop_caches", action="store_false",
-                   help="do not drop the page cache before read phases")
-    p.add_argument("--cluster", help="cluster file: bench the Python API (fs3.connect) instead of a mount")
-    p.add_argument("--transport", choices=["grpc", "tcp", "shm"], help="Python API transport (with --cluster)")
-    p.add_argument("--usrbio", action="store_true", help="big files through USRBIO rings (PATH on an fs3 mount)")
-    p.add_argument("--iodepth", type=int, default=8, help="USRBIO: sequential blocks in flight (default 8)")
-    p.add_argument("--rand-iodepth", type=int, default=64, help="USRBIO: random reads in flight (default 64)")
+    p.add_argument(
+        "--no-drop-caches",
+        dest="drop_caches",
+        action="store_false",
+        help="do not drop the page cache before read phases",
+    )
+    p.add_argument(
+        "--cluster", help="cluster file: bench the Python API (fs3.connect) instead of a mount"
+    )
+    p.add_argument(
+        "--transport", choices=["grpc", "tcp", "shm"], help="Python API transport (with --cluster)"
+    )
+    p.add_argument(
+        "--usrbio",
+        action="store_true",
+        help="big files through USRBIO rings (PATH on an fs3 mount)",
+    )
+    p.add_argument(
+        "--iodepth", type=int, default=8, help="USRBIO: sequential blocks in flight (default 8)"
+    )
+    p.add_argument(
+        "--rand-iodepth", type=int, default=64, help="USRBIO: random reads in flight (default 64)"
+    )
     p.add_argument("--phases", help=f"comma-separated subset of: {','.join(PHASES)}")
     p.add_argument("--keep", action="store_true", help="keep the files (default: remove them)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -977,7 +1123,9 @@ def options_from_args(a: argparse.Namespace) -> BenchOptions:
         phases=tuple(x.strip() for x in a.phases.split(",") if x.strip()) if a.phases else PHASES,
     )
     if opts.transport and not opts.cluster:
-        raise ValueError("--transport applies to --cluster (a mount's transport is chosen when mounting)")
+        raise ValueError(
+            "--transport applies to --cluster (a mount's transport is chosen when mounting)"
+        )
     if not opts.cluster and not os.path.isdir(opts.path):
         raise ValueError(f"{opts.path} is not a directory")
     opts.validate()

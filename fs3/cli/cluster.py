@@ -96,7 +96,11 @@ LOCAL_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
         "client": {"routing_refresh_s": 1.0, "retry_deadline_s": 30.0},
     },
     "storage": {
-        "storage": {"heartbeat_interval_s": 1.0, "routing_refresh_s": 1.0, "forward_timeout_s": 3.0},
+        "storage": {
+            "heartbeat_interval_s": 1.0,
+            "routing_refresh_s": 1.0,
+            "forward_timeout_s": 3.0,
+        },
         "client": {"routing_refresh_s": 1.0},
     },
     "fuse": {"client": {"routing_refresh_s": 1.0, "retry_deadline_s": 30.0}},
@@ -116,7 +120,9 @@ class LauncherError(FsError):
     def render(self) -> str:
         text = f"fs3 cluster: {self.message}"
         if self.log_tail:
-            text += f"\n--- last lines of the log of {self.process} ---\n{self.log_tail.rstrip()}\n---"
+            text += (
+                f"\n--- last lines of the log of {self.process} ---\n{self.log_tail.rstrip()}\n---"
+            )
         return text
 
 
@@ -155,15 +161,27 @@ class ClusterSpec:
         )
         need(self.kv in {"sqlite", "fdb"}, "--kv must be sqlite or fdb")
         need(self.transport in {"grpc", "tcp", "shm"}, "--transport must be grpc, tcp or shm")
-        need(self.base_port == 0 or 1024 <= self.base_port <= 65000, "--base-port must be 0 or 1024..65000")
+        need(
+            self.base_port == 0 or 1024 <= self.base_port <= 65000,
+            "--base-port must be 0 or 1024..65000",
+        )
         for role, sections in self.overrides.items():
-            need(role in ROLE_CONFIGS, f"--set: unknown role {role!r} (known: {', '.join(ROLE_CONFIGS)})")
+            need(
+                role in ROLE_CONFIGS,
+                f"--set: unknown role {role!r} (known: {', '.join(ROLE_CONFIGS)})",
+            )
             hints = _section_names(ROLE_CONFIGS[role])
             for sec, keys in sections.items():
-                need(sec in hints, f"--set: {role} has no section [{sec}] (known: {', '.join(hints)})")
+                need(
+                    sec in hints,
+                    f"--set: {role} has no section [{sec}] (known: {', '.join(hints)})",
+                )
                 known = _key_names(ROLE_CONFIGS[role], sec)
                 for key in keys:
-                    need(key in known, f"--set: [{sec}] of {role} has no key {key!r} (known: {', '.join(known)})")
+                    need(
+                        key in known,
+                        f"--set: [{sec}] of {role} has no key {key!r} (known: {', '.join(known)})",
+                    )
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -228,7 +246,9 @@ class ClusterState:
         return cls(
             cluster_id=data["cluster_id"],
             spec=ClusterSpec.from_json(data.get("spec", {})),
-            processes=[ProcRecord(**{k: v for k, v in p.items() if k in known}) for p in data["processes"]],
+            processes=[
+                ProcRecord(**{k: v for k, v in p.items() if k in known}) for p in data["processes"]
+            ],
             cluster_file=data["cluster_file"],
             mountpoint=data.get("mountpoint", "") or "",
             created_at=float(data.get("created_at", 0.0)),
@@ -257,7 +277,9 @@ class Paths:
 
 # --------------------------------------------------------------------------- process helpers
 
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}  # processes this Python process started (to reap)
+_CHILDREN: dict[
+    int, subprocess.Popen[bytes]
+] = {}  # processes this Python process started (to reap)
 
 
 _EXIT_CODES: dict[int, int] = {}  # pid -> exit status of children reaped by _reap
@@ -337,7 +359,9 @@ def stop_processes(recs: Sequence[ProcRecord], grace_s: float) -> list[str]:
     still = _wait_dead(survivors, 5.0)
     if still:
         raise LauncherError(
-            "could not stop " + ", ".join(f"{r.name} (pid {r.pid})" for r in still) + " even with SIGKILL"
+            "could not stop "
+            + ", ".join(f"{r.name} (pid {r.pid})" for r in still)
+            + " even with SIGKILL"
         )
     return [r.name for r in survivors]
 
@@ -404,7 +428,9 @@ def fuse_unmount(path: str, out: Out) -> bool:
         return False
     r = subprocess.run([exe, "-u", path], capture_output=True, text=True, timeout=30, check=False)
     if r.returncode != 0:
-        r2 = subprocess.run([exe, "-u", "-z", path], capture_output=True, text=True, timeout=30, check=False)
+        r2 = subprocess.run(
+            [exe, "-u", "-z", path], capture_output=True, text=True, timeout=30, check=False
+        )
         if r2.returncode != 0:
             out(f"cannot unmount {path}: {r.stderr.strip()} / {r2.stderr.strip()}")
             return False
@@ -461,7 +487,11 @@ class MgmtdProbe:
             return None
         ch, stub = self._stub(lead[1])
         try:
-            r = call_sync(stub.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest(known_version=0), timeout=self.timeout_s)
+            r = call_sync(
+                stub.GetRoutingInfo,
+                mgmtd_pb2.GetRoutingInfoRequest(known_version=0),
+                timeout=self.timeout_s,
+            )
             return r.routing if r.has_routing else None
         except FsError:
             return None
@@ -479,7 +509,9 @@ def create_chain_table(cluster_file: str, table_id: int, replicas: int, timeout_
         client = MgmtdClient.from_cluster_file(cluster_file)
         try:
             return await asyncio.wait_for(
-                client.create_chain_table(table_id=table_id, replicas=replicas, desc="fs3 cluster up"),
+                client.create_chain_table(
+                    table_id=table_id, replicas=replicas, desc="fs3 cluster up"
+                ),
                 timeout_s,
             )
         finally:
@@ -500,7 +532,9 @@ def _key_names(cls: type, section: str) -> list[str]:
     return [f.name for f in dataclasses.fields(sec_cls.default_factory())]  # type: ignore[misc,operator]
 
 
-def render_config(role: str, settings: dict[str, dict[str, Any]], optional: dict[str, dict[str, Any]], source: str) -> str:
+def render_config(
+    role: str, settings: dict[str, dict[str, Any]], optional: dict[str, dict[str, Any]], source: str
+) -> str:
     """TOML for one process: every key at its default, then ``settings`` (must exist), then
     ``optional`` (applied only where the config class has that key).
 
@@ -520,7 +554,10 @@ def render_config(role: str, settings: dict[str, dict[str, Any]], optional: dict
             if obj is None or not hasattr(obj, key):
                 raise LauncherError(f"{source}: {role} config has no key [{sec}] {key}")
             setattr(obj, key, value)
-    text = f"# {role} config written by `fs3 cluster up`; every key is listed.\n" + fs3config.to_toml(cfg)
+    text = (
+        f"# {role} config written by `fs3 cluster up`; every key is listed.\n"
+        + fs3config.to_toml(cfg)
+    )
     try:
         fs3config.from_dict(cls, tomllib.loads(text), source=source, env={})
     except FsError as e:
@@ -543,7 +580,9 @@ def parse_set(items: Sequence[str]) -> dict[str, dict[str, dict[str, Any]]]:
         lhs, sep, rhs = item.partition("=")
         parts = lhs.strip().split(".")
         if not sep or len(parts) != 3 or not all(parts):
-            raise LauncherError(f"--set {item!r}: expected ROLE.SECTION.KEY=VALUE, e.g. storage.storage.fsync=false")
+            raise LauncherError(
+                f"--set {item!r}: expected ROLE.SECTION.KEY=VALUE, e.g. storage.storage.fsync=false"
+            )
         try:
             value = tomllib.loads(f"v = {rhs.strip()}")["v"]
         except tomllib.TOMLDecodeError:
@@ -567,8 +606,16 @@ def service_command(role: str, config_path: str) -> list[str]:
 def mount_command(cluster_file: str, config_path: str, mountpoint: str) -> list[str]:
     """The FUSE daemon in the foreground (so its pid is the one recorded); mountpoint is argv[-2]."""
     return [
-        sys.executable, "-m", "fs3.cli.main", "mount", "--cluster", cluster_file,
-        "--config", config_path, mountpoint, "--foreground",
+        sys.executable,
+        "-m",
+        "fs3.cli.main",
+        "mount",
+        "--cluster",
+        cluster_file,
+        "--config",
+        config_path,
+        mountpoint,
+        "--foreground",
     ]
 
 
@@ -583,7 +630,9 @@ class LocalCluster:
     wrappers around it.
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, out: Out | None = None, grace_s: float = 10.0) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, out: Out | None = None, grace_s: float = 10.0
+    ) -> None:
         self.paths = Paths(root)
         self.out: Out = out or (lambda s: print(s, flush=True))
         self.grace_s = grace_s
@@ -597,7 +646,9 @@ class LocalCluster:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:
-            raise LauncherError(f"{self.paths.state} is unreadable ({e}); remove it or use another --dir") from None
+            raise LauncherError(
+                f"{self.paths.state} is unreadable ({e}); remove it or use another --dir"
+            ) from None
         return ClusterState.from_json(data)
 
     def _save_state(self, st: ClusterState) -> None:
@@ -629,11 +680,17 @@ class LocalCluster:
 
     # ----------------------------------------------------------------- layout
 
-    def _layout(self, spec: ClusterSpec, cluster_id: str) -> tuple[ClusterState, fs3config.ClusterFile]:
+    def _layout(
+        self, spec: ClusterSpec, cluster_id: str
+    ) -> tuple[ClusterState, fs3config.ClusterFile]:
         """Names, node ids, ports, configs and commands of every process (nothing started)."""
         p = self.paths
         names: list[tuple[str, str, int]] = []
-        for role, count in (("mgmtd", spec.mgmtd), ("meta", spec.meta), ("storage", spec.storage_nodes)):
+        for role, count in (
+            ("mgmtd", spec.mgmtd),
+            ("meta", spec.meta),
+            ("storage", spec.storage_nodes),
+        ):
             names += [(f"{role}-{i}", role, i) for i in range(1, count + 1)]
         # each process: grpc port + metrics port; storage also its tcp data port
         need = sum(3 if role == "storage" else 2 for _, role, _ in names)
@@ -661,7 +718,9 @@ class LocalCluster:
             if role == "mgmtd":
                 mgmtd_ports[name] = grpc_port
             recs.append(rec)
-        cluster_file = fs3config.ClusterFile(cluster_id, tuple(f"127.0.0.1:{mgmtd_ports[n]}" for n in mgmtd_ports))
+        cluster_file = fs3config.ClusterFile(
+            cluster_id, tuple(f"127.0.0.1:{mgmtd_ports[n]}" for n in mgmtd_ports)
+        )
         return ClusterState(
             cluster_id=cluster_id,
             spec=spec,
@@ -672,7 +731,11 @@ class LocalCluster:
 
     def _write_configs(self, st: ClusterState) -> None:
         spec, p = st.spec, self.paths
-        kv_url = f"sqlite://{p.kv / 'kv.db'}" if spec.kv == "sqlite" else f"fdb://{os.path.abspath(spec.fdb_cluster_file)}"
+        kv_url = (
+            f"sqlite://{p.kv / 'kv.db'}"
+            if spec.kv == "sqlite"
+            else f"fdb://{os.path.abspath(spec.fdb_cluster_file)}"
+        )
         for d in (p.conf, p.logs, p.data, p.kv):
             d.mkdir(parents=True, exist_ok=True)
         for rec in st.processes:
@@ -730,7 +793,9 @@ class LocalCluster:
         Path(rec.log).parent.mkdir(parents=True, exist_ok=True)
         with open(rec.log, "ab") as logf:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-            logf.write(f"\n=== fs3 cluster: starting {rec.name} at {stamp}: {' '.join(rec.command)}\n".encode())
+            logf.write(
+                f"\n=== fs3 cluster: starting {rec.name} at {stamp}: {' '.join(rec.command)}\n".encode()
+            )
             logf.flush()
             child = subprocess.Popen(
                 rec.command,
@@ -749,22 +814,38 @@ class LocalCluster:
         rec.start_ticks = st[1] if st else 0
         # the recorded command must match /proc/<pid>/cmdline, which only holds after exec
         deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and child.poll() is None and _cmdline(child.pid) != rec.command:
+        while (
+            time.monotonic() < deadline
+            and child.poll() is None
+            and _cmdline(child.pid) != rec.command
+        ):
             time.sleep(0.005)
 
     def _check_alive(self, recs: Sequence[ProcRecord]) -> None:
         for r in recs:
             if not is_alive(r):
                 child = _CHILDREN.get(r.pid)
-                if child is not None:  # it may have died between poll() and /proc: collect its status
+                if (
+                    child is not None
+                ):  # it may have died between poll() and /proc: collect its status
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         child.wait(timeout=2.0)
                     _reap(r.pid)
                 rc = _EXIT_CODES.get(r.pid)
-                code = "" if rc is None else (f" with exit code {rc}" if rc >= 0 else f" killed by signal {-rc}")
-                raise LauncherError(f"{r.name} exited{code} (log: {r.log})", process=r.name, log_tail=log_tail(r.log))
+                code = (
+                    ""
+                    if rc is None
+                    else (f" with exit code {rc}" if rc >= 0 else f" killed by signal {-rc}")
+                )
+                raise LauncherError(
+                    f"{r.name} exited{code} (log: {r.log})",
+                    process=r.name,
+                    log_tail=log_tail(r.log),
+                )
 
-    def _wait(self, what: str, cond: Callable[[], Any], watch: Sequence[ProcRecord], timeout_s: float) -> Any:
+    def _wait(
+        self, what: str, cond: Callable[[], Any], watch: Sequence[ProcRecord], timeout_s: float
+    ) -> Any:
         """Poll ``cond`` until it returns a truthy value; fail fast if a watched process dies."""
         deadline = time.monotonic() + timeout_s
         next_note = time.monotonic() + 10.0
@@ -799,9 +880,17 @@ class LocalCluster:
             )
         state = mount_state(mountpoint)
         if state == "stale":
-            self._say(f"{mountpoint} is a stale FUSE mount (ENOTCONN: its daemon is gone); clearing it with {FUSERMOUNT} -u -z")
+            self._say(
+                f"{mountpoint} is a stale FUSE mount (ENOTCONN: its daemon is gone); clearing it with {FUSERMOUNT} -u -z"
+            )
             exe = shutil.which(FUSERMOUNT) or FUSERMOUNT
-            r = subprocess.run([exe, "-u", "-z", mountpoint], capture_output=True, text=True, timeout=30, check=False)
+            r = subprocess.run(
+                [exe, "-u", "-z", mountpoint],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
             if r.returncode != 0 or mount_state(mountpoint) == "stale":
                 raise LauncherError(
                     f"{mountpoint} is a stale FUSE mount and `{FUSERMOUNT} -u -z {mountpoint}` failed "
@@ -826,7 +915,9 @@ class LocalCluster:
                         + (" or choose another --base-port" if st.spec.base_port else "")
                     )
 
-    def up(self, spec: ClusterSpec | None = None, *, mount: str | None = None, timeout_s: float = 120.0) -> ClusterState:
+    def up(
+        self, spec: ClusterSpec | None = None, *, mount: str | None = None, timeout_s: float = 120.0
+    ) -> ClusterState:
         """Start the cluster in DIR (reusing its data if it has any) and return its state.
 
         ``spec`` None means: the spec recorded in DIR (or the defaults for a new DIR).
@@ -854,7 +945,9 @@ class LocalCluster:
             spec = old.spec if old is not None else (spec or ClusterSpec())
             spec.validate()
             if spec.kv == "fdb" and not os.path.exists(spec.fdb_cluster_file):
-                raise LauncherError(f"--kv fdb: FoundationDB cluster file {spec.fdb_cluster_file} does not exist")
+                raise LauncherError(
+                    f"--kv fdb: FoundationDB cluster file {spec.fdb_cluster_file} does not exist"
+                )
             if mount:
                 mount = os.path.abspath(mount)
                 self._preflight_mount(mount)
@@ -910,7 +1003,9 @@ class LocalCluster:
             self._say(f"started {r.name} (pid {r.pid}, {r.address})")
         self._save_state(st)
         expected_targets = {
-            (r.node_id - NODE_ID_BASE["storage"]) * 100 + j for r in storages for j in range(1, spec.targets_per_node + 1)
+            (r.node_id - NODE_ID_BASE["storage"]) * 100 + j
+            for r in storages
+            for j in range(1, spec.targets_per_node + 1)
         }
 
         started = time.time() - 1.0
@@ -928,7 +1023,10 @@ class LocalCluster:
             return rt if want <= online and expected_targets <= targets else None
 
         self._wait(
-            f"{len(storages)} storage and {len(metas)} meta nodes to register with mgmtd", registered, st.processes, left()
+            f"{len(storages)} storage and {len(metas)} meta nodes to register with mgmtd",
+            registered,
+            st.processes,
+            left(),
         )
         self._say(f"all nodes registered ({len(expected_targets)} targets)")
         rt = probe.routing()
@@ -938,7 +1036,9 @@ class LocalCluster:
             try:
                 create_chain_table(st.cluster_file, 1, spec.replicas, min(30.0, left()))
             except FsError as e:
-                raise LauncherError(f"creating chain table 1 ({spec.replicas} replicas) failed: {e.message}") from None
+                raise LauncherError(
+                    f"creating chain table 1 ({spec.replicas} replicas) failed: {e.message}"
+                ) from None
             self._say(f"created chain table 1 with {spec.replicas} replicas")
 
         def serving() -> bool:
@@ -955,7 +1055,9 @@ class LocalCluster:
             in_chains: set[int] = set()
             for cid in table.chain_ids:
                 c = chains.get(cid)
-                if c is None or any(t.public_state != 1 or t.target_id not in uptodate for t in c.targets):
+                if c is None or any(
+                    t.public_state != 1 or t.target_id not in uptodate for t in c.targets
+                ):
                     return False
                 in_chains |= {t.target_id for t in c.targets}
             return in_chains == expected_targets
@@ -970,7 +1072,12 @@ class LocalCluster:
             self._start(fuse)
             self._save_state(st)
             self._say(f"started fuse (pid {fuse.pid}), mounting {mount}")
-            self._wait(f"the mount at {mount}", lambda: mount_state(mount) == "mounted", [fuse], min(60.0, left()))
+            self._wait(
+                f"the mount at {mount}",
+                lambda: mount_state(mount) == "mounted",
+                [fuse],
+                min(60.0, left()),
+            )
             self._check_mount(mount)
         self._check_alive(st.processes)  # a process that died after its own wait was over
         self._save_state(st)
@@ -984,7 +1091,9 @@ class LocalCluster:
         except ImportError:
             has_connect = False
         if not has_connect:
-            self._say("TODO: skipped the test write/read through the Python API (fs3.client.connect does not exist yet)")
+            self._say(
+                "TODO: skipped the test write/read through the Python API (fs3.client.connect does not exist yet)"
+            )
             return
         import fs3
 
@@ -1004,7 +1113,9 @@ class LocalCluster:
             if close is not None:
                 close()
         if back != data:
-            raise LauncherError(f"test write/read through the Python API returned different bytes ({len(back)} of {len(data)})")
+            raise LauncherError(
+                f"test write/read through the Python API returned different bytes ({len(back)} of {len(data)})"
+            )
         self._say(f"test write/read of {len(data)} bytes through the Python API: ok")
 
     def _check_mount(self, mount: str) -> None:
@@ -1019,10 +1130,15 @@ class LocalCluster:
                 back = f.read()
             os.unlink(path)
         except OSError as e:
-            raise LauncherError(f"test write/read through the mount {mount} failed: {e}", process="fuse",
-                                log_tail=log_tail(self.paths.log("fuse"))) from None
+            raise LauncherError(
+                f"test write/read through the mount {mount} failed: {e}",
+                process="fuse",
+                log_tail=log_tail(self.paths.log("fuse")),
+            ) from None
         if back != data:
-            raise LauncherError(f"test write/read through the mount {mount} returned different bytes")
+            raise LauncherError(
+                f"test write/read through the mount {mount} returned different bytes"
+            )
         self._say(f"test write/read through the mount {mount}: ok")
 
     # ----------------------------------------------------------------- status
@@ -1031,7 +1147,9 @@ class LocalCluster:
         """The status object (shape fixed in architecture.md, plus a few extra fields)."""
         st = self.load_state()
         if st is None:
-            raise LauncherError(f"no cluster in {self.paths.root} (start one with `fs3 cluster up --dir {self.paths.root}`)")
+            raise LauncherError(
+                f"no cluster in {self.paths.root} (start one with `fs3 cluster up --dir {self.paths.root}`)"
+            )
         procs = []
         for r in st.processes:
             procs.append(
@@ -1109,11 +1227,16 @@ class LocalCluster:
                     "id": int(c.chain_id),
                     "version": int(c.version),
                     "targets": [int(t.target_id) for t in c.targets],
-                    "states": [PUBLIC_STATE_NAMES.get(int(t.public_state), str(t.public_state)) for t in c.targets],
+                    "states": [
+                        PUBLIC_STATE_NAMES.get(int(t.public_state), str(t.public_state))
+                        for t in c.targets
+                    ],
                 }
             )
         for tb in rt.chain_tables:
-            result["chain_tables"].append({"id": int(tb.table_id), "version": int(tb.version), "chains": list(tb.chain_ids)})
+            result["chain_tables"].append(
+                {"id": int(tb.table_id), "version": int(tb.version), "chains": list(tb.chain_ids)}
+            )
         return result
 
     # ----------------------------------------------------------------- stopping
@@ -1136,12 +1259,21 @@ class LocalCluster:
                 for group in (
                     [r for r in alive if r.role == "fuse"],
                     [r for r in alive if r.role in ("meta", "storage")],
-                    [r for r in alive if r.role == "mgmtd"],  # last: storage says goodbye to mgmtd on SIGTERM
+                    [
+                        r for r in alive if r.role == "mgmtd"
+                    ],  # last: storage says goodbye to mgmtd on SIGTERM
                 ):
                     if group:
                         killed = stop_processes(group, self.grace_s)
-                        self._say("stopped " + ", ".join(r.name for r in group)
-                                  + (f" (SIGKILL after {self.grace_s:.0f}s: {', '.join(killed)})" if killed else ""))
+                        self._say(
+                            "stopped "
+                            + ", ".join(r.name for r in group)
+                            + (
+                                f" (SIGKILL after {self.grace_s:.0f}s: {', '.join(killed)})"
+                                if killed
+                                else ""
+                            )
+                        )
                 if not alive:
                     self._say("no process of the cluster was running")
                 st.mountpoint = ""
@@ -1193,14 +1325,23 @@ class LocalCluster:
             else:
                 for port in rec.ports:
                     if not port_is_free(port):
-                        raise LauncherError(f"cannot restart {name}: its port 127.0.0.1:{port} is in use by another program")
+                        raise LauncherError(
+                            f"cannot restart {name}: its port 127.0.0.1:{port} is in use by another program"
+                        )
             self._start(rec)
             self._save_state(st)
             if rec.role == "fuse":
                 mp = rec.command[-2]
-                self._wait(f"the mount at {mp}", lambda: mount_state(mp) == "mounted", [rec], timeout_s)
+                self._wait(
+                    f"the mount at {mp}", lambda: mount_state(mp) == "mounted", [rec], timeout_s
+                )
             else:
-                self._wait(f"{name} to listen on {rec.address}", lambda: port_accepts(rec.address), [rec], timeout_s)
+                self._wait(
+                    f"{name} to listen on {rec.address}",
+                    lambda: port_accepts(rec.address),
+                    [rec],
+                    timeout_s,
+                )
             self._say(f"restarted {name} (pid {rec.pid})")
             return rec
 
@@ -1252,7 +1393,9 @@ def _fmt_bytes(n: int) -> str:
 
 def _table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
 
 
 def render_status(s: dict[str, Any]) -> str:
@@ -1264,15 +1407,33 @@ def render_status(s: dict[str, Any]) -> str:
     rows = [["PROCESS", "ROLE", "PID", "ALIVE", "ADDRESS", "NODE", "STATE"]]
     node_status = {n["name"]: n["status"] for n in s["nodes"]}
     for p in s["processes"]:
-        rows.append([p["name"], p["role"], str(p["pid"] or "-"), "yes" if p["alive"] else "NO",
-                     p["address"] or "-", str(p["node_id"] or "-"), node_status.get(p["name"], "-")])
+        rows.append(
+            [
+                p["name"],
+                p["role"],
+                str(p["pid"] or "-"),
+                "yes" if p["alive"] else "NO",
+                p["address"] or "-",
+                str(p["node_id"] or "-"),
+                node_status.get(p["name"], "-"),
+            ]
+        )
     out.append(_table(rows))
     if s["targets"]:
         out.append("")
         rows = [["TARGET", "NODE", "STATE", "LOCAL", "CHAIN", "USED", "FREE"]]
         for t in s["targets"]:
-            rows.append([str(t["id"]), t["node"], t["state"], t["local_state"], str(t["chain"] or "-"),
-                         _fmt_bytes(t["used_bytes"]), _fmt_bytes(t["free_bytes"])])
+            rows.append(
+                [
+                    str(t["id"]),
+                    t["node"],
+                    t["state"],
+                    t["local_state"],
+                    str(t["chain"] or "-"),
+                    _fmt_bytes(t["used_bytes"]),
+                    _fmt_bytes(t["free_bytes"]),
+                ]
+            )
         out.append(_table(rows))
         used = sum(t["used_bytes"] for t in s["targets"])
         free = sum(t["free_bytes"] for t in s["targets"])
@@ -1281,8 +1442,15 @@ def render_status(s: dict[str, Any]) -> str:
         out.append("")
         rows = [["CHAIN", "VERSION", "TARGETS (head -> tail)"]]
         for c in s["chains"]:
-            rows.append([str(c["id"]), str(c["version"]),
-                         " -> ".join(f"{t}({st})" for t, st in zip(c["targets"], c["states"], strict=True))])
+            rows.append(
+                [
+                    str(c["id"]),
+                    str(c["version"]),
+                    " -> ".join(
+                        f"{t}({st})" for t, st in zip(c["targets"], c["states"], strict=True)
+                    ),
+                ]
+            )
         out.append(_table(rows))
     for e in s["errors"]:
         out.append(f"! {e}")
@@ -1309,11 +1477,15 @@ def render_up_summary(st: ClusterState, took_s: float) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fs3 cluster", description="start, inspect and stop a local fs3 cluster")
+    parser = argparse.ArgumentParser(
+        prog="fs3 cluster", description="start, inspect and stop a local fs3 cluster"
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     def add_dir(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--dir", default=DEFAULT_DIR, help=f"cluster directory (default {DEFAULT_DIR})")
+        p.add_argument(
+            "--dir", default=DEFAULT_DIR, help=f"cluster directory (default {DEFAULT_DIR})"
+        )
 
     up = sub.add_parser("up", help="start a local cluster (or restart the one in --dir)")
     add_dir(up)
@@ -1325,11 +1497,20 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--kv", choices=["sqlite", "fdb"])
     up.add_argument("--fdb-cluster-file", help="FoundationDB cluster file for --kv fdb")
     up.add_argument("--transport", choices=["grpc", "tcp", "shm"])
-    up.add_argument("--base-port", type=int, help="use ports BASE, BASE+1, ... instead of free ports")
-    up.add_argument("--set", action="append", default=[], metavar="ROLE.SECTION.KEY=VALUE",
-                    help="override a config key of every process of ROLE (repeatable)")
+    up.add_argument(
+        "--base-port", type=int, help="use ports BASE, BASE+1, ... instead of free ports"
+    )
+    up.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="ROLE.SECTION.KEY=VALUE",
+        help="override a config key of every process of ROLE (repeatable)",
+    )
     up.add_argument("--mount", metavar="MOUNTPOINT", help="mount the file system there with FUSE")
-    up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the cluster to be usable")
+    up.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds to wait for the cluster to be usable"
+    )
 
     st = sub.add_parser("status", help="processes, leader, nodes, targets, chains")
     add_dir(st)
@@ -1352,9 +1533,13 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("probe", help="health check for one service (docker-compose healthchecks)")
     g = pr.add_mutually_exclusive_group(required=True)
     g.add_argument("--mgmtd", metavar="HOST:PORT", help="healthy when this mgmtd answers GetLeader")
-    g.add_argument("--leader", metavar="CLUSTER_FILE", help="healthy when some mgmtd of the cluster file leads")
+    g.add_argument(
+        "--leader", metavar="CLUSTER_FILE", help="healthy when some mgmtd of the cluster file leads"
+    )
     g.add_argument("--tcp", metavar="HOST:PORT", help="healthy when the port accepts connections")
-    g.add_argument("--mount", metavar="MOUNTPOINT", help="healthy when an fs3 FUSE mount answers there")
+    g.add_argument(
+        "--mount", metavar="MOUNTPOINT", help="healthy when an fs3 FUSE mount answers there"
+    )
     return parser
 
 
@@ -1366,7 +1551,11 @@ def probe(args: argparse.Namespace) -> tuple[bool, str]:
 
         ch = sync_channel(args.mgmtd)
         try:
-            r = call_sync(mgmtd_pb2_grpc.MgmtdServiceStub(ch).GetLeader, mgmtd_pb2.GetLeaderRequest(), timeout=3.0)
+            r = call_sync(
+                mgmtd_pb2_grpc.MgmtdServiceStub(ch).GetLeader,
+                mgmtd_pb2.GetLeaderRequest(),
+                timeout=3.0,
+            )
             return True, f"mgmtd {args.mgmtd} answers (leader: {r.address or 'none yet'})"
         except FsError as e:
             return False, f"mgmtd {args.mgmtd} does not answer: {e.message}"
@@ -1375,7 +1564,9 @@ def probe(args: argparse.Namespace) -> tuple[bool, str]:
     if args.leader:
         cf = fs3config.read_cluster_file(args.leader)
         lead = MgmtdProbe(cf.mgmtd_addresses, timeout_s=2.0).leader()
-        return (True, f"leader is node {lead[0]} at {lead[1]}") if lead else (False, "no mgmtd leads")
+        return (
+            (True, f"leader is node {lead[0]} at {lead[1]}") if lead else (False, "no mgmtd leads")
+        )
     if args.tcp:
         ok = port_accepts(args.tcp, 3.0)
         return ok, f"{args.tcp} {'accepts' if ok else 'refuses'} connections"
@@ -1383,8 +1574,17 @@ def probe(args: argparse.Namespace) -> tuple[bool, str]:
     return state == "mounted", f"{args.mount}: {state}"
 
 
-SPEC_OPTIONS = ("storage_nodes", "targets_per_node", "replicas", "meta", "mgmtd", "kv", "fdb_cluster_file",
-                "transport", "base_port")
+SPEC_OPTIONS = (
+    "storage_nodes",
+    "targets_per_node",
+    "replicas",
+    "meta",
+    "mgmtd",
+    "kv",
+    "fdb_cluster_file",
+    "transport",
+    "base_port",
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,4 +39,6 @@ def connect(
     """
     from fs3.client.file_api import Client
 
-    return Client.connect(cluster_file, uid=uid, gid=gid, transport=transport, config=config, **kwargs)
+    return Client.connect(
+        cluster_file, uid=uid, gid=gid, transport=transport, config=config, **kwargs
+    )

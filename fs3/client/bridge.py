@@ -98,7 +98,9 @@ class Bridge:
             raise RuntimeError("bridge is closed")
         if self.in_loop_thread():
             coro.close()
-            raise RuntimeError("Bridge.run called from the bridge's own loop thread (would deadlock)")
+            raise RuntimeError(
+                "Bridge.run called from the bridge's own loop thread (would deadlock)"
+            )
 
     # ------------------------------------------------------------------ sync entry
 

@@ -275,9 +275,14 @@ class AsyncClient:
         from fs3.client.mgmtd_client import MgmtdClient
 
         cfg = config if config is not None else _config.load(_config.ClientConfig, None)
-        path = str(cluster_file or cfg.cluster.cluster_file or os.environ.get("FS3_CLUSTER_FILE", ""))
+        path = str(
+            cluster_file or cfg.cluster.cluster_file or os.environ.get("FS3_CLUSTER_FILE", "")
+        )
         if not path:
-            raise FsError(Code.INVALID_ARGUMENT, "no cluster file (pass one, set [cluster] cluster_file or FS3_CLUSTER_FILE)")
+            raise FsError(
+                Code.INVALID_ARGUMENT,
+                "no cluster file (pass one, set [cluster] cluster_file or FS3_CLUSTER_FILE)",
+            )
         kind = transport or cfg.transport.kind
         cid = client_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         mgmtd = MgmtdClient.from_cluster_file(
@@ -292,7 +297,14 @@ class AsyncClient:
             await watcher.stop()
             await mgmtd.close()
             raise
-        self = cls(config=cfg, mgmtd=mgmtd, watcher=watcher, transport=tr, client_id=cid, meta_addresses=meta_addresses)
+        self = cls(
+            config=cfg,
+            mgmtd=mgmtd,
+            watcher=watcher,
+            transport=tr,
+            client_id=cid,
+            meta_addresses=meta_addresses,
+        )
         self._reporter = asyncio.create_task(self._report_loop(), name="fs3-length-reporter")
         return self
 
@@ -343,12 +355,16 @@ class AsyncClient:
             if not _stat.S_ISDIR(pattr.mode):
                 raise posix(_errno.ENOTDIR)
             return await self.getattr(caller, pattr.parent or ROOT_INODE)
-        r = await self.meta.call("Lookup", meta_pb2.LookupRequest(user=caller.to_proto(), parent=parent, name=nb))
+        r = await self.meta.call(
+            "Lookup", meta_pb2.LookupRequest(user=caller.to_proto(), parent=parent, name=nb)
+        )
         return self._overlay(r.attr)
 
     async def getattr(self, caller: Caller, inode: int) -> meta_pb2.Attr:
         """Attributes of ``inode``; a file's size includes this client's unreported writes."""
-        r = await self.meta.call("GetAttr", meta_pb2.GetAttrRequest(user=caller.to_proto(), inode=inode))
+        r = await self.meta.call(
+            "GetAttr", meta_pb2.GetAttrRequest(user=caller.to_proto(), inode=inode)
+        )
         return self._overlay(r.attr)
 
     async def setattr(
@@ -372,7 +388,9 @@ class AsyncClient:
         end are removed on storage before this returns. Pass ``fh`` for
         ftruncate on a handle opened for write (access was checked at open).
         """
-        req = meta_pb2.SetAttrRequest(user=caller.to_proto(), request_id=new_request_id(), inode=inode)
+        req = meta_pb2.SetAttrRequest(
+            user=caller.to_proto(), request_id=new_request_id(), inode=inode
+        )
         valid = 0
         if mode is not None:
             valid |= SETATTR_MODE
@@ -419,69 +437,131 @@ class AsyncClient:
             self._after_truncate(attr)
         return self._overlay(attr)
 
-    async def mknod(self, caller: Caller, parent: int, name: str | bytes, mode: int, rdev: int = 0) -> meta_pb2.Attr:
+    async def mknod(
+        self, caller: Caller, parent: int, name: str | bytes, mode: int, rdev: int = 0
+    ) -> meta_pb2.Attr:
         """Create a regular file, FIFO, socket or device node (``mode`` after umask)."""
         r = await self.meta.call(
             "Mknod",
-            meta_pb2.MknodRequest(user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name), mode=mode, rdev=rdev),
+            meta_pb2.MknodRequest(
+                user=caller.to_proto(),
+                request_id=new_request_id(),
+                parent=parent,
+                name=_name(name),
+                mode=mode,
+                rdev=rdev,
+            ),
         )
         return r.attr
 
-    async def mkdir(self, caller: Caller, parent: int, name: str | bytes, mode: int) -> meta_pb2.Attr:
+    async def mkdir(
+        self, caller: Caller, parent: int, name: str | bytes, mode: int
+    ) -> meta_pb2.Attr:
         """Create a directory (``mode`` after umask)."""
         r = await self.meta.call(
             "Mkdir",
-            meta_pb2.MkdirRequest(user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name), mode=mode),
+            meta_pb2.MkdirRequest(
+                user=caller.to_proto(),
+                request_id=new_request_id(),
+                parent=parent,
+                name=_name(name),
+                mode=mode,
+            ),
         )
         return r.attr
 
-    async def symlink(self, caller: Caller, parent: int, name: str | bytes, target: str | bytes) -> meta_pb2.Attr:
+    async def symlink(
+        self, caller: Caller, parent: int, name: str | bytes, target: str | bytes
+    ) -> meta_pb2.Attr:
         """Create symlink ``name`` in ``parent`` pointing at ``target``."""
         r = await self.meta.call(
             "Symlink",
-            meta_pb2.SymlinkRequest(user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name), target=_name(target)),
+            meta_pb2.SymlinkRequest(
+                user=caller.to_proto(),
+                request_id=new_request_id(),
+                parent=parent,
+                name=_name(name),
+                target=_name(target),
+            ),
         )
         return r.attr
 
     async def readlink(self, caller: Caller, inode: int) -> bytes:
         """The target of symlink ``inode`` (EINVAL if not a symlink)."""
-        r = await self.meta.call("ReadLink", meta_pb2.ReadLinkRequest(user=caller.to_proto(), inode=inode))
+        r = await self.meta.call(
+            "ReadLink", meta_pb2.ReadLinkRequest(user=caller.to_proto(), inode=inode)
+        )
         return bytes(r.target)
 
-    async def link(self, caller: Caller, inode: int, new_parent: int, new_name: str | bytes) -> meta_pb2.Attr:
+    async def link(
+        self, caller: Caller, inode: int, new_parent: int, new_name: str | bytes
+    ) -> meta_pb2.Attr:
         """Hard link ``inode`` as ``new_parent/new_name``."""
         r = await self.meta.call(
             "Link",
-            meta_pb2.LinkRequest(user=caller.to_proto(), request_id=new_request_id(), inode=inode, new_parent=new_parent, new_name=_name(new_name)),
+            meta_pb2.LinkRequest(
+                user=caller.to_proto(),
+                request_id=new_request_id(),
+                inode=inode,
+                new_parent=new_parent,
+                new_name=_name(new_name),
+            ),
         )
         return self._overlay(r.attr)
 
-    async def unlink(self, caller: Caller, parent: int, name: str | bytes) -> meta_pb2.RemoveResponse:
+    async def unlink(
+        self, caller: Caller, parent: int, name: str | bytes
+    ) -> meta_pb2.RemoveResponse:
         """Remove a non-directory entry (the inode lives on while write sessions hold it)."""
         return await self.meta.call(
-            "Unlink", meta_pb2.RemoveRequest(user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name))
+            "Unlink",
+            meta_pb2.RemoveRequest(
+                user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name)
+            ),
         )
 
-    async def rmdir(self, caller: Caller, parent: int, name: str | bytes) -> meta_pb2.RemoveResponse:
+    async def rmdir(
+        self, caller: Caller, parent: int, name: str | bytes
+    ) -> meta_pb2.RemoveResponse:
         """Remove an empty directory."""
         return await self.meta.call(
-            "Rmdir", meta_pb2.RemoveRequest(user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name))
+            "Rmdir",
+            meta_pb2.RemoveRequest(
+                user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name)
+            ),
         )
 
     async def rename(
-        self, caller: Caller, parent: int, name: str | bytes, new_parent: int, new_name: str | bytes, flags: int = 0
+        self,
+        caller: Caller,
+        parent: int,
+        name: str | bytes,
+        new_parent: int,
+        new_name: str | bytes,
+        flags: int = 0,
     ) -> meta_pb2.RenameResponse:
         """rename/renameat2 (``flags``: RENAME_NOREPLACE=1, RENAME_EXCHANGE=2)."""
         return await self.meta.call(
             "Rename",
             meta_pb2.RenameRequest(
-                user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name),
-                new_parent=new_parent, new_name=_name(new_name), flags=flags,
+                user=caller.to_proto(),
+                request_id=new_request_id(),
+                parent=parent,
+                name=_name(name),
+                new_parent=new_parent,
+                new_name=_name(new_name),
+                flags=flags,
             ),
         )
 
     async def readdir(
-        self, caller: Caller, inode: int, cursor: bytes = b"", limit: int = 0, *, with_attrs: bool = False
+        self,
+        caller: Caller,
+        inode: int,
+        cursor: bytes = b"",
+        limit: int = 0,
+        *,
+        with_attrs: bool = False,
     ) -> tuple[list[meta_pb2.DirEntry], bool]:
         """One page of directory entries after ``cursor`` (a name; b"" = start).
 
@@ -490,7 +570,13 @@ class AsyncClient:
         """
         r = await self.meta.call(
             "ReadDir",
-            meta_pb2.ReadDirRequest(user=caller.to_proto(), inode=inode, cursor=cursor, limit=limit, with_attrs=with_attrs),
+            meta_pb2.ReadDirRequest(
+                user=caller.to_proto(),
+                inode=inode,
+                cursor=cursor,
+                limit=limit,
+                with_attrs=with_attrs,
+            ),
         )
         entries = list(r.entries)
         if with_attrs:
@@ -499,7 +585,9 @@ class AsyncClient:
                     e.attr.CopyFrom(self._overlay(e.attr))
         return entries, bool(r.more)
 
-    async def readdir_all(self, caller: Caller, inode: int, *, with_attrs: bool = False) -> list[meta_pb2.DirEntry]:
+    async def readdir_all(
+        self, caller: Caller, inode: int, *, with_attrs: bool = False
+    ) -> list[meta_pb2.DirEntry]:
         """Every entry of a directory (pages through :meth:`readdir`)."""
         out: list[meta_pb2.DirEntry] = []
         cursor = b""
@@ -512,26 +600,45 @@ class AsyncClient:
 
     async def access(self, caller: Caller, inode: int, mask: int) -> None:
         """access(2): raise EACCES unless ``caller`` may ``mask`` (R_OK|W_OK|X_OK)."""
-        await self.meta.call("Access", meta_pb2.AccessRequest(user=caller.to_proto(), inode=inode, mask=mask))
+        await self.meta.call(
+            "Access", meta_pb2.AccessRequest(user=caller.to_proto(), inode=inode, mask=mask)
+        )
 
     async def getxattr(self, caller: Caller, inode: int, name: str | bytes) -> bytes:
-        r = await self.meta.call("GetXattr", meta_pb2.GetXattrRequest(user=caller.to_proto(), inode=inode, name=_name(name)))
+        r = await self.meta.call(
+            "GetXattr",
+            meta_pb2.GetXattrRequest(user=caller.to_proto(), inode=inode, name=_name(name)),
+        )
         return bytes(r.value)
 
-    async def setxattr(self, caller: Caller, inode: int, name: str | bytes, value: bytes, flags: int = 0) -> None:
+    async def setxattr(
+        self, caller: Caller, inode: int, name: str | bytes, value: bytes, flags: int = 0
+    ) -> None:
         """flags: XATTR_CREATE=1, XATTR_REPLACE=2."""
         await self.meta.call(
             "SetXattr",
-            meta_pb2.SetXattrRequest(user=caller.to_proto(), request_id=new_request_id(), inode=inode, name=_name(name), value=bytes(value), flags=flags),
+            meta_pb2.SetXattrRequest(
+                user=caller.to_proto(),
+                request_id=new_request_id(),
+                inode=inode,
+                name=_name(name),
+                value=bytes(value),
+                flags=flags,
+            ),
         )
 
     async def listxattr(self, caller: Caller, inode: int) -> list[bytes]:
-        r = await self.meta.call("ListXattr", meta_pb2.ListXattrRequest(user=caller.to_proto(), inode=inode))
+        r = await self.meta.call(
+            "ListXattr", meta_pb2.ListXattrRequest(user=caller.to_proto(), inode=inode)
+        )
         return [bytes(n) for n in r.names]
 
     async def removexattr(self, caller: Caller, inode: int, name: str | bytes) -> None:
         await self.meta.call(
-            "RemoveXattr", meta_pb2.RemoveXattrRequest(user=caller.to_proto(), request_id=new_request_id(), inode=inode, name=_name(name))
+            "RemoveXattr",
+            meta_pb2.RemoveXattrRequest(
+                user=caller.to_proto(), request_id=new_request_id(), inode=inode, name=_name(name)
+            ),
         )
 
     # ================================================================== open files
@@ -547,8 +654,13 @@ class AsyncClient:
         r = await self.meta.call(
             "Create",
             meta_pb2.CreateRequest(
-                user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name),
-                mode=mode, flags=flags, client_id=self.client_id,
+                user=caller.to_proto(),
+                request_id=new_request_id(),
+                parent=parent,
+                name=_name(name),
+                mode=mode,
+                flags=flags,
+                client_id=self.client_id,
             ),
         )
         h = await self._opened(caller, r, flags)
@@ -558,7 +670,13 @@ class AsyncClient:
         """Open ``inode`` with ``flags`` (O_ACCMODE, O_TRUNC, O_APPEND ...)."""
         r = await self.meta.call(
             "Open",
-            meta_pb2.OpenRequest(user=caller.to_proto(), request_id=new_request_id(), inode=inode, flags=flags, client_id=self.client_id),
+            meta_pb2.OpenRequest(
+                user=caller.to_proto(),
+                request_id=new_request_id(),
+                inode=inode,
+                flags=flags,
+                client_id=self.client_id,
+            ),
         )
         return await self._opened(caller, r, flags)
 
@@ -637,7 +755,9 @@ class AsyncClient:
             self._prefetch(fh, fh.ra_next, length)
         return n
 
-    async def _read_prefetched(self, fh: FileHandle, offset: int, buf: memoryview | bytearray, length: int) -> int | None:
+    async def _read_prefetched(
+        self, fh: FileHandle, offset: int, buf: memoryview | bytearray, length: int
+    ) -> int | None:
         """Serve a read from read-ahead windows if they cover it; None otherwise."""
         end = min(offset + len(buf), length)
         # Windows before the read are done with; a read elsewhere drops all of them.
@@ -664,7 +784,9 @@ class AsyncClient:
             take = min(end, avail) - pos
             if take <= 0:
                 break
-            mv[pos - offset : pos - offset + take] = memoryview(data)[pos - w.start : pos - w.start + take]
+            mv[pos - offset : pos - offset + take] = memoryview(data)[
+                pos - w.start : pos - w.start + take
+            ]
             pos += take
             if pos >= end or avail < w.end:
                 break
@@ -681,7 +803,9 @@ class AsyncClient:
         pos = max([w.end for w in fh.ra] + [start])
         while pos < limit:
             wend = min((pos // cs + 1) * cs, length)
-            fh.ra.append(_Prefetch(pos, wend, asyncio.create_task(self._read_window(fh, pos, wend, length))))
+            fh.ra.append(
+                _Prefetch(pos, wend, asyncio.create_task(self._read_window(fh, pos, wend, length)))
+            )
             pos = wend
 
     async def _read_window(self, fh: FileHandle, start: int, end: int, length: int) -> bytes:
@@ -697,7 +821,12 @@ class AsyncClient:
         fh.ra = []
 
     async def write(
-        self, fh: FileHandle, offset: int, data: bytes | bytearray | memoryview, *, behind: bool = False
+        self,
+        fh: FileHandle,
+        offset: int,
+        data: bytes | bytearray | memoryview,
+        *,
+        behind: bool = False,
     ) -> int:
         """Write ``data`` at ``offset``.
 
@@ -732,7 +861,9 @@ class AsyncClient:
         while len(fh.pending) >= self.storage.io_depth:
             await asyncio.wait([p.task for p in fh.pending], return_when=asyncio.FIRST_COMPLETED)
         self._raise_deferred(fh)
-        task = asyncio.create_task(self.storage.write(fh.inode, fh.chains, fh.chunk_size, offset, payload))
+        task = asyncio.create_task(
+            self.storage.write(fh.inode, fh.chains, fh.chunk_size, offset, payload)
+        )
         pw = _PendingWrite(offset, end, task)
         fh.pending.append(pw)
         task.add_done_callback(lambda t: self._write_done(fh, pw, t))
@@ -755,13 +886,17 @@ class AsyncClient:
         if fh.error is not None:
             return
         if t.cancelled():
-            fh.error = FsError(Code.CANCELLED, f"write of inode {fh.inode} at {pw.start} was cancelled")
+            fh.error = FsError(
+                Code.CANCELLED, f"write of inode {fh.inode} at {pw.start} was cancelled"
+            )
             return
         exc = t.exception()
         if isinstance(exc, FsError):
             fh.error = exc
         elif exc is not None:
-            fh.error = FsError(Code.INTERNAL, f"write of inode {fh.inode} at {pw.start} failed: {exc!r}")
+            fh.error = FsError(
+                Code.INTERNAL, f"write of inode {fh.inode} at {pw.start} failed: {exc!r}"
+            )
 
     def _raise_deferred(self, fh: FileHandle) -> None:
         err, fh.error = fh.error, None
@@ -869,7 +1004,9 @@ class AsyncClient:
             return (await self.getattr(caller, parent.inode) if parent.nlink == 0 else parent), b"."
         return parent, last
 
-    async def _walk(self, caller: Caller, p: bytes, base: int, depth: int) -> tuple[meta_pb2.Attr, bytes | None]:
+    async def _walk(
+        self, caller: Caller, p: bytes, base: int, depth: int
+    ) -> tuple[meta_pb2.Attr, bytes | None]:
         """Resolve every component but the last; returns (dir attr, last name or None).
 
         The starting directory is not fetched (a lookup below it fails with the
@@ -887,7 +1024,13 @@ class AsyncClient:
         return cur, parts[-1]
 
     async def _step(
-        self, caller: Caller, cur: meta_pb2.Attr, comp: bytes, follow: bool, must_be_dir: bool, counter: list[int]
+        self,
+        caller: Caller,
+        cur: meta_pb2.Attr,
+        comp: bytes,
+        follow: bool,
+        must_be_dir: bool,
+        counter: list[int],
     ) -> meta_pb2.Attr:
         if not _stat.S_ISDIR(cur.mode):
             raise posix(_errno.ENOTDIR, "not a directory")
@@ -903,9 +1046,13 @@ class AsyncClient:
                 raise posix(_errno.ENOENT)
             dir_attr, last = await self._walk(caller, target, cur.inode, counter[0])
             if last is None:
-                attr = await self.getattr(caller, dir_attr.inode) if dir_attr.nlink == 0 else dir_attr
+                attr = (
+                    await self.getattr(caller, dir_attr.inode) if dir_attr.nlink == 0 else dir_attr
+                )
             else:
-                attr = await self._step(caller, dir_attr, last, True, must_be_dir or target.endswith(b"/"), counter)
+                attr = await self._step(
+                    caller, dir_attr, last, True, must_be_dir or target.endswith(b"/"), counter
+                )
         if must_be_dir and not _stat.S_ISDIR(attr.mode):
             raise posix(_errno.ENOTDIR, "not a directory")
         return attr
@@ -996,7 +1143,12 @@ class AsyncClient:
         """Sync: tell meta this handle's length (the write session stays)."""
         if not fh.session_id:
             return
-        req = meta_pb2.SyncRequest(user=fh.caller.to_proto(), request_id=new_request_id(), inode=fh.inode, session_id=fh.session_id)
+        req = meta_pb2.SyncRequest(
+            user=fh.caller.to_proto(),
+            request_id=new_request_id(),
+            inode=fh.inode,
+            session_id=fh.session_id,
+        )
         self._hint(fh, req)
         fh.dirty = False
         mtime = fh.write_mtime_ns
@@ -1011,7 +1163,12 @@ class AsyncClient:
             fh.write_mtime_ns = 0
 
     async def _close_session(self, fh: FileHandle, *, with_hint: bool) -> None:
-        req = meta_pb2.CloseRequest(user=fh.caller.to_proto(), request_id=new_request_id(), inode=fh.inode, session_id=fh.session_id)
+        req = meta_pb2.CloseRequest(
+            user=fh.caller.to_proto(),
+            request_id=new_request_id(),
+            inode=fh.inode,
+            session_id=fh.session_id,
+        )
         if with_hint:
             self._hint(fh, req)
         await self.meta.call("Close", req)
@@ -1037,7 +1194,9 @@ def _consume(t: asyncio.Task[Any]) -> None:
         t.exception()
 
 
-def make_transport(kind: str, client_id: str, config: _config.TransportSection | None = None) -> ClientTransport:
+def make_transport(
+    kind: str, client_id: str, config: _config.TransportSection | None = None
+) -> ClientTransport:
     """The client transport of ``kind`` (grpc | tcp | shm), tuned by ``config``."""
     from fs3.transport import client_transport
 

@@ -80,7 +80,9 @@ class Client:
     or use as a context manager.
     """
 
-    def __init__(self, core: AsyncClient, bridge: Bridge, *, caller: Caller, owns_bridge: bool = True) -> None:
+    def __init__(
+        self, core: AsyncClient, bridge: Bridge, *, caller: Caller, owns_bridge: bool = True
+    ) -> None:
         self._core = core
         self._bridge = bridge
         self.caller = caller
@@ -145,7 +147,9 @@ class Client:
         with self._lock:
             if self._closed:
                 return
-        for f in list(self._files):  # flush buffers and close sessions, as interpreter exit does for files
+        for f in list(
+            self._files
+        ):  # flush buffers and close sessions, as interpreter exit does for files
             try:
                 f.close()
             except Exception:
@@ -196,7 +200,9 @@ class Client:
     ) -> Any:
         """Open a file like the built-in :func:`open` (modes r/w/x/a, +, b/t)."""
         p = _fspath(path)
-        flags, readable, writable, append, binary = _parse_mode(mode, buffering, encoding, errors, newline)
+        flags, readable, writable, append, binary = _parse_mode(
+            mode, buffering, encoding, errors, newline
+        )
         h = self._run(self._open_handle(p, flags), p)
         raw = RawFile(self, h, p, _raw_mode(flags, readable, writable, append), append=append)
         try:
@@ -260,7 +266,9 @@ class Client:
                 existing = None
             if existing is None:
                 try:
-                    h, _attr = await core.create(caller, parent.inode, name, 0o666 & ~self.umask, flags)
+                    h, _attr = await core.create(
+                        caller, parent.inode, name, 0o666 & ~self.umask, flags
+                    )
                     return h
                 except FsError as e:
                     if e.errno == _errno.EEXIST and not flags & os.O_EXCL:
@@ -369,7 +377,9 @@ class Client:
         entries = self._run(go(), p)
         return ScandirIterator([DirEntry(self, p, e) for e in entries])
 
-    def walk(self, top: PathLike, topdown: bool = True) -> Iterator[tuple[Any, list[Any], list[Any]]]:
+    def walk(
+        self, top: PathLike, topdown: bool = True
+    ) -> Iterator[tuple[Any, list[Any], list[Any]]]:
         """Like :func:`os.walk` (errors are ignored, as os.walk does by default)."""
         p = _fspath(top)
         try:
@@ -382,7 +392,9 @@ class Client:
             yield p, dirs, files
         for d in dirs:
             sep: Any = b"/" if isinstance(p, bytes) else "/"
-            yield from self.walk(p.rstrip(sep) + sep + d if p not in ("/", b"/") else sep + d, topdown)  # type: ignore[operator]
+            yield from self.walk(
+                p.rstrip(sep) + sep + d if p not in ("/", b"/") else sep + d, topdown
+            )  # type: ignore[operator]
         if not topdown:
             yield p, dirs, files
 
@@ -441,7 +453,11 @@ class Client:
             parent, name = await self._parent(p)
             if name in (b".", b"..") or os.fsencode(p).endswith(b"/"):
                 attr = await self._resolve(p)
-                raise FsError(4000, "is a directory", errno=_errno.EISDIR if _stat.S_ISDIR(attr.mode) else _errno.ENOTDIR)
+                raise FsError(
+                    4000,
+                    "is a directory",
+                    errno=_errno.EISDIR if _stat.S_ISDIR(attr.mode) else _errno.ENOTDIR,
+                )
             await self._core.unlink(self.caller, parent.inode, name)
 
         self._run(go(), p)
@@ -456,7 +472,11 @@ class Client:
             dp, dn = await self._parent(d)
             for n in (sn, dn):
                 if n in (b".", b".."):
-                    raise FsError(4000, "device or resource busy", errno=_errno.EBUSY if n == b"." else _errno.EINVAL)
+                    raise FsError(
+                        4000,
+                        "device or resource busy",
+                        errno=_errno.EBUSY if n == b"." else _errno.EINVAL,
+                    )
             if os.fsencode(s).endswith(b"/") or os.fsencode(d).endswith(b"/"):
                 # A trailing slash requires directories (rename(2)).
                 sa = await self._core.lookup(self.caller, sp.inode, sn)
@@ -521,7 +541,10 @@ class Client:
         async def go() -> None:
             attr = await self._resolve(p, follow_symlinks)
             await self._core.setattr(
-                self.caller, attr.inode, uid=None if uid == -1 else uid, gid=None if gid == -1 else gid
+                self.caller,
+                attr.inode,
+                uid=None if uid == -1 else uid,
+                gid=None if gid == -1 else gid,
             )
 
         self._run(go(), p)
@@ -569,7 +592,9 @@ class Client:
 
     # ------------------------------------------------------------------ xattrs
 
-    def getxattr(self, path: PathLike, attribute: str | bytes, *, follow_symlinks: bool = True) -> bytes:
+    def getxattr(
+        self, path: PathLike, attribute: str | bytes, *, follow_symlinks: bool = True
+    ) -> bytes:
         p = _fspath(path)
 
         async def go() -> bytes:
@@ -579,7 +604,13 @@ class Client:
         return self._run(go(), p)
 
     def setxattr(
-        self, path: PathLike, attribute: str | bytes, value: bytes, flags: int = 0, *, follow_symlinks: bool = True
+        self,
+        path: PathLike,
+        attribute: str | bytes,
+        value: bytes,
+        flags: int = 0,
+        *,
+        follow_symlinks: bool = True,
     ) -> None:
         p = _fspath(path)
 
@@ -598,7 +629,9 @@ class Client:
 
         return [os.fsdecode(n) for n in self._run(go(), p)]
 
-    def removexattr(self, path: PathLike, attribute: str | bytes, *, follow_symlinks: bool = True) -> None:
+    def removexattr(
+        self, path: PathLike, attribute: str | bytes, *, follow_symlinks: bool = True
+    ) -> None:
         p = _fspath(path)
 
         async def go() -> None:
@@ -646,7 +679,9 @@ class Client:
 class RawFile(io.RawIOBase):
     """Unbuffered positioned I/O on an fs3 file handle (like ``io.FileIO``)."""
 
-    def __init__(self, client: Client, handle: FileHandle, name: Any, mode: str, *, append: bool = False) -> None:
+    def __init__(
+        self, client: Client, handle: FileHandle, name: Any, mode: str, *, append: bool = False
+    ) -> None:
         super().__init__()
         self._client = client
         self._h = handle
@@ -964,7 +999,9 @@ def _parse_mode(
     if creating + reading + writing + appending > 1:
         raise ValueError("must have exactly one of create/read/write/append mode")
     if not (creating or reading or writing or appending):
-        raise ValueError("Must have exactly one of create/read/write/append mode and at most one plus")
+        raise ValueError(
+            "Must have exactly one of create/read/write/append mode and at most one plus"
+        )
     if binary and encoding is not None:
         raise ValueError("binary mode doesn't take an encoding argument")
     if binary and errors is not None:
@@ -1013,4 +1050,3 @@ def wrap_errors(fn: Callable[..., T]) -> Callable[..., T]:
             raise _oserror(e) from None
 
     return inner
-

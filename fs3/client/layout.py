@@ -67,7 +67,9 @@ def portable_shuffle(items: Sequence[int], seed: int) -> list[int]:
     return out
 
 
-def chain_window(table_chains: Sequence[int], base_index: int, stripe: int, seed: int = 0) -> list[int]:
+def chain_window(
+    table_chains: Sequence[int], base_index: int, stripe: int, seed: int = 0
+) -> list[int]:
     """The ordered stripe of chain ids for a layout placed on a chain table.
 
     ``base_index`` is 1-based into ``table_chains`` (3FS convention); the window
@@ -114,7 +116,9 @@ class Layout:
         if self.stripe < 1:
             raise invalid(f"stripe must be >= 1, got {self.stripe}")
         if self.chain_ids and len(self.chain_ids) != self.stripe:
-            raise invalid(f"layout lists {len(self.chain_ids)} chains for a stripe of {self.stripe}")
+            raise invalid(
+                f"layout lists {len(self.chain_ids)} chains for a stripe of {self.stripe}"
+            )
         if any(c <= 0 for c in self.chain_ids):
             raise invalid("chain ids must be > 0")
 
@@ -137,7 +141,11 @@ def chunk_index(offset: int, chunk_size: int) -> int:
         raise invalid(f"negative offset {offset}")
     idx = offset // chunk_size
     if idx > MAX_CHUNK_INDEX:
-        raise FsError(Code.INVALID_ARGUMENT, f"offset {offset} beyond the largest chunk index", errno=errno.EFBIG)
+        raise FsError(
+            Code.INVALID_ARGUMENT,
+            f"offset {offset} beyond the largest chunk index",
+            errno=errno.EFBIG,
+        )
     return idx
 
 

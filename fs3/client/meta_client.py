@@ -82,7 +82,11 @@ class MetaClient:
     def servers(self) -> list[str]:
         """Known meta addresses: online META nodes of routing, then static ones."""
         r = self._routing()
-        addrs = [n.address for n in r.nodes(mgmtd_pb2.NODE_TYPE_META) if n.address and n.status != mgmtd_pb2.NODE_STATUS_OFFLINE]
+        addrs = [
+            n.address
+            for n in r.nodes(mgmtd_pb2.NODE_TYPE_META)
+            if n.address and n.status != mgmtd_pb2.NODE_STATUS_OFFLINE
+        ]
         for a in self._static:
             if a not in addrs:
                 addrs.append(a)
@@ -126,7 +130,9 @@ class MetaClient:
         """
         policy = self._policy
         if deadline_s is not None:
-            policy = RetryPolicy(deadline_s, policy.initial_backoff_s, policy.max_backoff_s, policy.rpc_timeout_s)
+            policy = RetryPolicy(
+                deadline_s, policy.initial_backoff_s, policy.max_backoff_s, policy.rpc_timeout_s
+            )
         overall = Deadline(policy.deadline_s)
         used: dict[str, str] = {}
 

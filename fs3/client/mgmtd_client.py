@@ -115,7 +115,9 @@ class MgmtdClient:
                 last = FsError(Code.NOT_LEADER, f"{addr} is not the leader", leader=r.address)
             delay = await self._backoff(deadline, delay, last)
 
-    async def register_node(self, req: mgmtd_pb2.RegisterNodeRequest) -> mgmtd_pb2.RegisterNodeResponse:
+    async def register_node(
+        self, req: mgmtd_pb2.RegisterNodeRequest
+    ) -> mgmtd_pb2.RegisterNodeResponse:
         """Register a node and its targets; answers with the current routing."""
         if not req.cluster_id:
             req.cluster_id = self.cluster_id
@@ -209,7 +211,9 @@ class MgmtdClient:
         )
         return r.chain
 
-    async def report_target_error(self, target_id: int, node_id: int, kind: str, detail: str = "") -> None:
+    async def report_target_error(
+        self, target_id: int, node_id: int, kind: str, detail: str = ""
+    ) -> None:
         """Tell mgmtd a target produced an error (e.g. a checksum mismatch)."""
         await self._call(
             "ReportTargetError",
@@ -340,7 +344,9 @@ def _parse_last_version(message: str) -> int:
     return 0
 
 
-async def retry_forever(fn: Callable[[], Awaitable[T]], *, what: str = "", max_delay_s: float = 2.0) -> T:
+async def retry_forever(
+    fn: Callable[[], Awaitable[T]], *, what: str = "", max_delay_s: float = 2.0
+) -> T:
     """Call ``fn`` until it succeeds, backing off on retryable errors (for service loops)."""
     delay = 0.05
     while True:

@@ -231,7 +231,9 @@ class Routing:
     def targets(self) -> list[mgmtd_pb2.TargetInfo]:
         return [self._targets[k] for k in sorted(self._targets)]
 
-    def nodes(self, node_type: int | None = None, *, online_only: bool = False) -> list[mgmtd_pb2.NodeInfo]:
+    def nodes(
+        self, node_type: int | None = None, *, online_only: bool = False
+    ) -> list[mgmtd_pb2.NodeInfo]:
         """Nodes by id, optionally of one type and/or only ONLINE ones."""
         out = []
         for k in sorted(self._nodes):
@@ -375,7 +377,8 @@ class RoutingWatcher:
                     return self._current
         except TimeoutError:
             raise FsError(
-                Code.TIMEOUT, f"routing condition not met within {timeout_s}s (v{self._current.version})"
+                Code.TIMEOUT,
+                f"routing condition not met within {timeout_s}s (v{self._current.version})",
             ) from None
 
     async def adopt(self, info: mgmtd_pb2.RoutingInfo) -> bool:

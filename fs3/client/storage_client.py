@@ -125,12 +125,16 @@ class ReadBatcher:
     ) -> None:
         self._send = send
         self._max = max(1, max_ios)
-        self._queue: list[tuple[storage_pb2.ReadIO, float, asyncio.Future[storage_pb2.ReadResult]]] = []
+        self._queue: list[
+            tuple[storage_pb2.ReadIO, float, asyncio.Future[storage_pb2.ReadResult]]
+        ] = []
         self._scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.stats = {"rpcs": 0, "ios": 0}
 
-    def submit(self, io: storage_pb2.ReadIO, timeout_s: float) -> asyncio.Future[storage_pb2.ReadResult]:
+    def submit(
+        self, io: storage_pb2.ReadIO, timeout_s: float
+    ) -> asyncio.Future[storage_pb2.ReadResult]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[storage_pb2.ReadResult] = loop.create_future()
         self._queue.append((io, timeout_s, fut))
@@ -142,7 +146,9 @@ class ReadBatcher:
     def _flush(self) -> None:
         self._scheduled = False
         queue, self._queue = self._queue, []
-        live = [item for item in queue if not item[2].done()]  # callers cancelled meanwhile need nothing
+        live = [
+            item for item in queue if not item[2].done()
+        ]  # callers cancelled meanwhile need nothing
         for i in range(0, len(live), self._max):
             t = asyncio.ensure_future(self._send_batch(live[i : i + self._max]))
             self._tasks.add(t)
@@ -156,16 +162,25 @@ class ReadBatcher:
         try:
             resp = await self._send([io for io, _, _ in items], max(t for _, t, _ in items))
             if len(resp.results) != len(items):
-                raise FsError(Code.INTERNAL, f"BatchRead returned {len(resp.results)} results for {len(items)} ios")
+                raise FsError(
+                    Code.INTERNAL,
+                    f"BatchRead returned {len(resp.results)} results for {len(items)} ios",
+                )
         except FsError as e:
             for _, _, fut in items:
                 if not fut.done():
-                    fut.set_exception(FsError(e.code, e.message, errno=e.errno, retryable=e.retryable))
+                    fut.set_exception(
+                        FsError(e.code, e.message, errno=e.errno, retryable=e.retryable)
+                    )
             return
-        except BaseException as e:  # cancelled (client closing) or a bug: never leave a caller hanging
+        except (
+            BaseException
+        ) as e:  # cancelled (client closing) or a bug: never leave a caller hanging
             for _, _, fut in items:
                 if not fut.done():
-                    fut.set_exception(FsError(Code.UNAVAILABLE, f"BatchRead aborted: {e!r}", retryable=True))
+                    fut.set_exception(
+                        FsError(Code.UNAVAILABLE, f"BatchRead aborted: {e!r}", retryable=True)
+                    )
             if isinstance(e, asyncio.CancelledError):
                 raise
             return
@@ -213,7 +228,12 @@ class StorageClient:
         self._request_ids = itertools.count(1)
         self._stubs: dict[str, storage_pb2_grpc.StorageServiceStub] = {}
         self._batchers: dict[str, ReadBatcher] = {}
-        self.stats = {"read_retries": 0, "write_retries": 0, "checksum_errors": 0, "routing_refreshes": 0}
+        self.stats = {
+            "read_retries": 0,
+            "write_retries": 0,
+            "checksum_errors": 0,
+            "routing_refreshes": 0,
+        }
 
     # ------------------------------------------------------------------ helpers
 
@@ -229,10 +249,16 @@ class StorageClient:
         b = self._batchers.get(address)
         if b is None:
 
-            async def send(ios: list[storage_pb2.ReadIO], timeout_s: float) -> storage_pb2.BatchReadResponse:
+            async def send(
+                ios: list[storage_pb2.ReadIO], timeout_s: float
+            ) -> storage_pb2.BatchReadResponse:
                 req = storage_pb2.BatchReadRequest(ios=ios, client_id=self.client_id)
-                return await call(self._stub(address).BatchRead, req, timeout=timeout_s,
-                                  what=f"storage.BatchRead@{address}")
+                return await call(
+                    self._stub(address).BatchRead,
+                    req,
+                    timeout=timeout_s,
+                    what=f"storage.BatchRead@{address}",
+                )
 
             b = self._batchers[address] = ReadBatcher(send)
         return b
@@ -281,28 +307,45 @@ class StorageClient:
             chain = routing.chain(chain_id)
             head = routing.head(chain_id)
             if head is None:
-                raise FsError(Code.TARGET_NOT_SERVING, f"chain {chain_id} has no serving target", retryable=True)
+                raise FsError(
+                    Code.TARGET_NOT_SERVING,
+                    f"chain {chain_id} has no serving target",
+                    retryable=True,
+                )
             return head, routing.node_of_target(head), int(chain.version)
 
     def _tag(self, channel: int, seq: int) -> storage_pb2.UpdateTag:
         return storage_pb2.UpdateTag(
-            client_id=self.client_id, request_id=next(self._request_ids), channel_id=channel, seqnum=seq
+            client_id=self.client_id,
+            request_id=next(self._request_ids),
+            channel_id=channel,
+            seqnum=seq,
         )
 
     # ------------------------------------------------------------------ write
 
     async def write(
-        self, inode: int, chains: Sequence[int], chunk_size: int, offset: int, data: memoryview | bytes | bytearray
+        self,
+        inode: int,
+        chains: Sequence[int],
+        chunk_size: int,
+        offset: int,
+        data: memoryview | bytes | bytearray,
     ) -> int:
         """Write ``data`` at file ``offset``; returns once every piece is committed."""
         mv = memoryview(data).cast("B")
         pieces = split(offset, len(mv), chunk_size, chains)
         await self._bounded(
-            [self._write_piece(inode, chunk_size, p, mv[p.buf_offset : p.buf_offset + p.length]) for p in pieces]
+            [
+                self._write_piece(inode, chunk_size, p, mv[p.buf_offset : p.buf_offset + p.length])
+                for p in pieces
+            ]
         )
         return len(mv)
 
-    async def _write_piece(self, inode: int, chunk_size: int, p: ChunkPiece, data: memoryview) -> None:
+    async def _write_piece(
+        self, inode: int, chunk_size: int, p: ChunkPiece, data: memoryview
+    ) -> None:
         checksum = crc32c.crc32c(data)
         channel, seq = await self._channels.acquire()
         tag = self._tag(channel, seq)
@@ -331,17 +374,33 @@ class StorageClient:
                     target_id=head,
                 )
                 try:
-                    resp = await call(self._stub(node.address).Write, req, timeout=self._timeout(deadline), what=f"storage.Write@{node.address}")
+                    resp = await call(
+                        self._stub(node.address).Write,
+                        req,
+                        timeout=self._timeout(deadline),
+                        what=f"storage.Write@{node.address}",
+                    )
                 finally:
                     await _settle(sent)
                 res = resp.result
                 # A retry answered from the exactly-once cache may report the chunk's
                 # length instead of the bytes written; either proves the piece landed.
-                if res.length != p.length and max(res.length, res.chunk_length) < p.offset + p.length:
-                    raise FsError(Code.INTERNAL, f"head wrote {res.length} of {p.length} bytes (chunk length {res.chunk_length})")
+                if (
+                    res.length != p.length
+                    and max(res.length, res.chunk_length) < p.offset + p.length
+                ):
+                    raise FsError(
+                        Code.INTERNAL,
+                        f"head wrote {res.length} of {p.length} bytes (chunk length {res.chunk_length})",
+                    )
                 return resp
 
-            await retrying(attempt, self._policy, what=f"write chunk {inode}:{p.index}", on_error=self._on_error)
+            await retrying(
+                attempt,
+                self._policy,
+                what=f"write chunk {inode}:{p.index}",
+                on_error=self._on_error,
+            )
         finally:
             await self._channels.release(channel)
 
@@ -383,7 +442,11 @@ class StorageClient:
                 chain = routing.chain(p.chain_id)
                 serving = routing.serving_targets(p.chain_id)
                 if not serving:
-                    raise FsError(Code.TARGET_NOT_SERVING, f"chain {p.chain_id} has no serving target", retryable=True)
+                    raise FsError(
+                        Code.TARGET_NOT_SERVING,
+                        f"chain {p.chain_id} has no serving target",
+                        retryable=True,
+                    )
                 candidates = [t for t in serving if t not in bad] or serving
                 if len(candidates) == len(serving) and bad:
                     bad.clear()  # every replica failed once: start over
@@ -399,10 +462,19 @@ class StorageClient:
                         raise FsError(e.code, e.message, errno=e.errno, retryable=True) from e
                 raise
 
-        await retrying(attempt, self._policy, what=f"read chunk {inode}:{p.index}", on_error=self._on_error)
+        await retrying(
+            attempt, self._policy, what=f"read chunk {inode}:{p.index}", on_error=self._on_error
+        )
 
     async def _read_once(
-        self, inode: int, p: ChunkPiece, dest: memoryview, node: Any, target: int, version: int, deadline: Deadline
+        self,
+        inode: int,
+        p: ChunkPiece,
+        dest: memoryview,
+        node: Any,
+        target: int,
+        version: int,
+        deadline: Deadline,
     ) -> None:
         ref, complete = await self.transport.read_ref(node.address, node.data_address, dest)
         io = storage_pb2.ReadIO(
@@ -420,25 +492,42 @@ class StorageClient:
             if r.error.code == Code.CHUNK_NOT_FOUND:
                 dest[:] = bytes(len(dest))  # a hole
                 return
-            raise FsError(r.error.code, r.error.message, errno=r.error.errno or None, retryable=r.error.retryable)
+            raise FsError(
+                r.error.code,
+                r.error.message,
+                errno=r.error.errno or None,
+                retryable=r.error.retryable,
+            )
         got = int(r.length)
         if got > len(dest):
-            raise FsError(Code.INTERNAL, f"replica returned {got} bytes for a {len(dest)}-byte read")
+            raise FsError(
+                Code.INTERNAL, f"replica returned {got} bytes for a {len(dest)}-byte read"
+            )
         if is_inline(ref):
             if len(r.data) != got:
-                raise FsError(Code.TRANSPORT, f"inline payload of {len(r.data)} bytes, header says {got}", retryable=True)
+                raise FsError(
+                    Code.TRANSPORT,
+                    f"inline payload of {len(r.data)} bytes, header says {got}",
+                    retryable=True,
+                )
             dest[:got] = r.data
         else:
             await complete(got)
         if self.verify_read_checksums and got and crc32c.crc32c(dest[:got]) != r.checksum:
             self.stats["checksum_errors"] += 1
-            raise FsError(Code.CHECKSUM_MISMATCH, f"chunk {inode}:{p.index} from target {target}: checksum mismatch", retryable=True)
+            raise FsError(
+                Code.CHECKSUM_MISMATCH,
+                f"chunk {inode}:{p.index} from target {target}: checksum mismatch",
+                retryable=True,
+            )
         if got < len(dest):
             dest[got:] = bytes(len(dest) - got)  # short chunk: the rest is a hole
 
     # ------------------------------------------------------------------ truncate / remove
 
-    async def truncate(self, inode: int, chains: Sequence[int], chunk_size: int, new_size: int) -> None:
+    async def truncate(
+        self, inode: int, chains: Sequence[int], chunk_size: int, new_size: int
+    ) -> None:
         """Drop file data past ``new_size`` on every replica.
 
         Chunks wholly past the new end are removed; the chunk containing the new
@@ -448,11 +537,15 @@ class StorageClient:
         await self.remove_chunks(inode, chains, first)
         if new_size % chunk_size:
             idx = new_size // chunk_size
-            await self._truncate_chunk(inode, chain_of(chains, idx), chunk_size, idx, new_size % chunk_size)
+            await self._truncate_chunk(
+                inode, chain_of(chains, idx), chunk_size, idx, new_size % chunk_size
+            )
 
     async def remove_chunks(self, inode: int, chains: Sequence[int], begin: int = 0) -> int:
         """Remove chunks with index >= ``begin`` of ``inode`` on every chain of the stripe."""
-        counts = await self._bounded([self._remove_on_chain(inode, c, begin) for c in dict.fromkeys(chains)])
+        counts = await self._bounded(
+            [self._remove_on_chain(inode, c, begin) for c in dict.fromkeys(chains)]
+        )
         return sum(counts)
 
     async def _remove_on_chain(self, inode: int, chain_id: int, begin: int) -> int:
@@ -481,17 +574,34 @@ class StorageClient:
                         )
                     ]
                 )
-                resp = await call(self._stub(node.address).RemoveChunks, req, timeout=self._timeout(deadline), what=f"storage.RemoveChunks@{node.address}")
+                resp = await call(
+                    self._stub(node.address).RemoveChunks,
+                    req,
+                    timeout=self._timeout(deadline),
+                    what=f"storage.RemoveChunks@{node.address}",
+                )
                 r = resp.results[0]
                 if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
-                    raise FsError(r.error.code, r.error.message, errno=r.error.errno or None, retryable=r.error.retryable)
+                    raise FsError(
+                        r.error.code,
+                        r.error.message,
+                        errno=r.error.errno or None,
+                        retryable=r.error.retryable,
+                    )
                 return int(r.removed), bool(r.more)
 
-            return await retrying(attempt, self._policy, what=f"remove chunks {inode} on chain {chain_id}", on_error=self._on_error)
+            return await retrying(
+                attempt,
+                self._policy,
+                what=f"remove chunks {inode} on chain {chain_id}",
+                on_error=self._on_error,
+            )
         finally:
             await self._channels.release(channel)
 
-    async def _truncate_chunk(self, inode: int, chain_id: int, chunk_size: int, index: int, length: int) -> None:
+    async def _truncate_chunk(
+        self, inode: int, chain_id: int, chunk_size: int, index: int, length: int
+    ) -> None:
         channel, seq = await self._channels.acquire()
         tag = self._tag(channel, seq)
         deadline = Deadline(self._policy.deadline_s)
@@ -512,12 +622,27 @@ class StorageClient:
                         )
                     ]
                 )
-                resp = await call(self._stub(node.address).TruncateChunks, req, timeout=self._timeout(deadline), what=f"storage.TruncateChunks@{node.address}")
+                resp = await call(
+                    self._stub(node.address).TruncateChunks,
+                    req,
+                    timeout=self._timeout(deadline),
+                    what=f"storage.TruncateChunks@{node.address}",
+                )
                 r = resp.results[0]
                 if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
-                    raise FsError(r.error.code, r.error.message, errno=r.error.errno or None, retryable=r.error.retryable)
+                    raise FsError(
+                        r.error.code,
+                        r.error.message,
+                        errno=r.error.errno or None,
+                        retryable=r.error.retryable,
+                    )
 
-            await retrying(attempt, self._policy, what=f"truncate chunk {inode}:{index}", on_error=self._on_error)
+            await retrying(
+                attempt,
+                self._policy,
+                what=f"truncate chunk {inode}:{index}",
+                on_error=self._on_error,
+            )
         finally:
             await self._channels.release(channel)
 
@@ -535,24 +660,45 @@ class StorageClient:
                     chain = routing.chain(chain_id)
                     serving = routing.serving_targets(chain_id)
                     if not serving:
-                        raise FsError(Code.TARGET_NOT_SERVING, f"chain {chain_id} has no serving target", retryable=True)
+                        raise FsError(
+                            Code.TARGET_NOT_SERVING,
+                            f"chain {chain_id} has no serving target",
+                            retryable=True,
+                        )
                     node = routing.node_of_target(serving[-1])  # the tail holds only committed data
                 req = storage_pb2.QueryLastChunkRequest(
                     ops=[
                         storage_pb2.QueryLastChunkOp(
-                            chain_id=chain_id, chain_version=int(chain.version), range=storage_pb2.ChunkRange(inode=inode, begin=0, end=0)
+                            chain_id=chain_id,
+                            chain_version=int(chain.version),
+                            range=storage_pb2.ChunkRange(inode=inode, begin=0, end=0),
                         )
                     ]
                 )
-                resp = await call(self._stub(node.address).QueryLastChunk, req, timeout=self._timeout(deadline), what=f"storage.QueryLastChunk@{node.address}")
+                resp = await call(
+                    self._stub(node.address).QueryLastChunk,
+                    req,
+                    timeout=self._timeout(deadline),
+                    what=f"storage.QueryLastChunk@{node.address}",
+                )
                 r = resp.results[0]
                 if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
-                    raise FsError(r.error.code, r.error.message, errno=r.error.errno or None, retryable=r.error.retryable)
+                    raise FsError(
+                        r.error.code,
+                        r.error.message,
+                        errno=r.error.errno or None,
+                        retryable=r.error.retryable,
+                    )
                 if not r.found:
                     return 0
                 return int(r.last_index) * chunk_size + int(r.last_length)
 
-            return await retrying(attempt, self._policy, what=f"query length {inode} on chain {chain_id}", on_error=self._on_error)
+            return await retrying(
+                attempt,
+                self._policy,
+                what=f"query length {inode} on chain {chain_id}",
+                on_error=self._on_error,
+            )
 
         lengths = await self._bounded([one(c) for c in dict.fromkeys(chains)])
         return max(lengths, default=0)
@@ -564,7 +710,10 @@ def _stale_routing_is_retryable() -> Iterator[None]:
     try:
         yield
     except FsError as e:
-        if e.code in (Code.UNKNOWN_CHAIN, Code.UNKNOWN_TARGET, Code.UNKNOWN_NODE) and not e.retryable:
+        if (
+            e.code in (Code.UNKNOWN_CHAIN, Code.UNKNOWN_TARGET, Code.UNKNOWN_NODE)
+            and not e.retryable
+        ):
             raise FsError(e.code, e.message, retryable=True) from None
         raise
 

@@ -65,20 +65,33 @@ class MountError(Exception):
 def preflight(mountpoint: str, say: Callable[[str], None]) -> None:
     """Refuse unusable mount points; clear a stale mount from a crashed daemon."""
     if not os.path.exists("/dev/fuse"):
-        raise MountError("/dev/fuse does not exist: load the fuse module (modprobe fuse) or run the container "
-                         "with --device /dev/fuse --cap-add SYS_ADMIN")
+        raise MountError(
+            "/dev/fuse does not exist: load the fuse module (modprobe fuse) or run the container "
+            "with --device /dev/fuse --cap-add SYS_ADMIN"
+        )
     state = mount_state(mountpoint)
     if state == "stale":
         exe = shutil.which(FUSERMOUNT)
-        say(f"{mountpoint} is a stale FUSE mount (ENOTCONN: its daemon is gone); clearing it with {FUSERMOUNT} -u -z")
-        r = subprocess.run([exe or FUSERMOUNT, "-u", "-z", mountpoint], capture_output=True, text=True, timeout=30,
-                           check=False)
+        say(
+            f"{mountpoint} is a stale FUSE mount (ENOTCONN: its daemon is gone); clearing it with {FUSERMOUNT} -u -z"
+        )
+        r = subprocess.run(
+            [exe or FUSERMOUNT, "-u", "-z", mountpoint],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         if mount_state(mountpoint) == "stale":
-            raise MountError(f"{mountpoint} is a stale FUSE mount and `{FUSERMOUNT} -u -z` failed "
-                             f"({r.stderr.strip()}); clear it by hand (umount -l {mountpoint}) and retry")
+            raise MountError(
+                f"{mountpoint} is a stale FUSE mount and `{FUSERMOUNT} -u -z` failed "
+                f"({r.stderr.strip()}); clear it by hand (umount -l {mountpoint}) and retry"
+            )
     elif state in ("mounted", "other"):
-        raise MountError(f"{mountpoint} is already a mount point ({mount_fstype(mountpoint)}); "
-                         f"unmount it first ({FUSERMOUNT} -u {mountpoint})")
+        raise MountError(
+            f"{mountpoint} is already a mount point ({mount_fstype(mountpoint)}); "
+            f"unmount it first ({FUSERMOUNT} -u {mountpoint})"
+        )
     if not os.path.isdir(mountpoint):
         raise MountError(f"mount point {mountpoint} does not exist or is not a directory")
 
@@ -163,16 +176,26 @@ def tune_kernel(mountpoint: str, cfg: _config.FuseSection) -> None:
             bdi.write_text(str(cfg.max_readahead_kb))
             log.info("readahead of %s set to %s KiB (%s)", mountpoint, bdi.read_text().strip(), bdi)
         except OSError as e:
-            log.warning("cannot set %s: %s (sequential reads stay at the default readahead)", bdi, e)
+            log.warning(
+                "cannot set %s: %s (sequential reads stay at the default readahead)", bdi, e
+            )
     conn = Path(f"/sys/fs/fuse/connections/{dev}")
     if not conn.exists() and os.geteuid() == 0 and Path("/sys/fs/fuse/connections").is_dir():
         # fusectl (the per-connection knobs) is not always mounted; mounting it is harmless.
-        subprocess.run(["mount", "-t", "fusectl", "fusectl", "/sys/fs/fuse/connections"], capture_output=True,
-                       timeout=10, check=False)
+        subprocess.run(
+            ["mount", "-t", "fusectl", "fusectl", "/sys/fs/fuse/connections"],
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
     try:
         (conn / "max_background").write_text(str(cfg.max_background))
         (conn / "congestion_threshold").write_text(str(max(1, cfg.max_background * 3 // 4)))
-        log.info("fuse connection %s: max_background=%s", dev, (conn / "max_background").read_text().strip())
+        log.info(
+            "fuse connection %s: max_background=%s",
+            dev,
+            (conn / "max_background").read_text().strip(),
+        )
     except OSError as e:
         log.warning("cannot tune fuse connection %s: %s", conn, e)
 
@@ -180,8 +203,13 @@ def tune_kernel(mountpoint: str, cfg: _config.FuseSection) -> None:
 # ---------------------------------------------------------------------- the daemon
 
 
-def serve(cluster: str, mountpoint: str, cfg: _config.ClientConfig, extra: set[str],
-          ready: Callable[[str], None]) -> int:
+def serve(
+    cluster: str,
+    mountpoint: str,
+    cfg: _config.ClientConfig,
+    extra: set[str],
+    ready: Callable[[str], None],
+) -> int:
     """Connect, mount, serve until unmounted or signalled; ``ready("ok"|"error: ...")`` once."""
     import pyfuse3
     import trio
@@ -201,8 +229,13 @@ def serve(cluster: str, mountpoint: str, cfg: _config.ClientConfig, extra: set[s
         return 1
     ops = Fs3Operations(client, bridge, cfg.fuse)
     opts = fuse_options(cfg, extra, cluster)
-    log.info("mounting %s (cluster file %s, options %s, transport %s)", mountpoint, cluster, sorted(opts),
-             cfg.transport.kind)
+    log.info(
+        "mounting %s (cluster file %s, options %s, transport %s)",
+        mountpoint,
+        cluster,
+        sorted(opts),
+        cfg.transport.kind,
+    )
     try:
         pyfuse3.init(ops, mountpoint, opts)
     except (RuntimeError, OSError) as e:
@@ -229,7 +262,9 @@ def serve(cluster: str, mountpoint: str, cfg: _config.ClientConfig, extra: set[s
             async with trio.open_nursery() as n:
 
                 async def on_signals() -> None:
-                    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+                    with trio.open_signal_receiver(
+                        signal.SIGTERM, signal.SIGINT, signal.SIGHUP
+                    ) as sigs:
                         async for s in sigs:
                             signalled.append(s)
                             log.info("signal %d: writing buffers and unmounting", s)
@@ -262,7 +297,9 @@ def serve(cluster: str, mountpoint: str, cfg: _config.ClientConfig, extra: set[s
     code = 0
     try:
         trio.run(run)
-        log.info("FUSE session ended%s", f" (signal {signalled[0]})" if signalled else " (unmounted)")
+        log.info(
+            "FUSE session ended%s", f" (signal {signalled[0]})" if signalled else " (unmounted)"
+        )
     except BaseException:
         log.exception("FUSE main loop failed")
         ready("error: the FUSE main loop failed (see the log)")
@@ -289,11 +326,21 @@ def _setup_logging(cfg: _config.ClientConfig, path: str | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="fs3 mount", description="Mount an fs3 cluster with FUSE.")
-    p.add_argument("--cluster", default=os.environ.get("FS3_CLUSTER_FILE", ""), help="cluster file (mgmtd addresses)")
+    p.add_argument(
+        "--cluster",
+        default=os.environ.get("FS3_CLUSTER_FILE", ""),
+        help="cluster file (mgmtd addresses)",
+    )
     p.add_argument("mountpoint")
     p.add_argument("--foreground", "-f", action="store_true", help="do not detach; log to stderr")
-    p.add_argument("-o", dest="options", action="append", default=[], help="mount options, comma separated")
-    p.add_argument("--config", default=None, help="client config file (TOML: [client], [transport], [fuse] ...)")
+    p.add_argument(
+        "-o", dest="options", action="append", default=[], help="mount options, comma separated"
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        help="client config file (TOML: [client], [transport], [fuse] ...)",
+    )
     args = p.parse_args(argv)
 
     def err(msg: str) -> int:
@@ -341,7 +388,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _daemonize(cluster, mountpoint, cfg, extra, log_path)
 
 
-def _daemonize(cluster: str, mountpoint: str, cfg: _config.ClientConfig, extra: set[str], log_path: str) -> int:
+def _daemonize(
+    cluster: str, mountpoint: str, cfg: _config.ClientConfig, extra: set[str], log_path: str
+) -> int:
     """Double fork; return only when the daemon reports the mount usable (0) or failed (1)."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -360,12 +409,22 @@ def _daemonize(cluster: str, mountpoint: str, cfg: _config.ClientConfig, extra: 
         msg = b"".join(chunks).decode(errors="replace").strip()
         if msg.startswith("ok"):
             daemon_pid = msg.split()[1] if len(msg.split()) > 1 else "?"
-            print(f"fs3 mount: {mountpoint} mounted (daemon pid {daemon_pid}); log: {log_path}", flush=True)
-            print(f"fs3 mount: unmount with `{FUSERMOUNT} -u {mountpoint}` or `kill {daemon_pid}`", flush=True)
+            print(
+                f"fs3 mount: {mountpoint} mounted (daemon pid {daemon_pid}); log: {log_path}",
+                flush=True,
+            )
+            print(
+                f"fs3 mount: unmount with `{FUSERMOUNT} -u {mountpoint}` or `kill {daemon_pid}`",
+                flush=True,
+            )
             return 0
         if not msg:
             msg = "error: the daemon exited before the mount was ready"
-        print(f"fs3 mount: {msg.removeprefix('error: ')}; log: {log_path}", file=sys.stderr, flush=True)
+        print(
+            f"fs3 mount: {msg.removeprefix('error: ')}; log: {log_path}",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     # first child
     try:

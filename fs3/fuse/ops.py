@@ -177,7 +177,9 @@ class InodeState:
     buf_off: int = 0
     buf_owner: OpenFile | None = None
     buf_since: float = 0.0
-    inflight: list[tuple[int, int]] = field(default_factory=list)  # [start, end) ranges being written
+    inflight: list[tuple[int, int]] = field(
+        default_factory=list
+    )  # [start, end) ranges being written
     idle: trio.Event = field(default_factory=trio.Event)
     pending_end: int = 0  # end of data accepted (buffered or in flight) under pending_tv
     pending_tv: int = 0
@@ -238,11 +240,15 @@ class Fs3Operations(pyfuse3.Operations):
         self.dirs: dict[int, DirHandle] = {}
         self._dir_ids = 1
         self._callers: dict[tuple[int, int, int], tuple[float, Caller]] = {}
-        self._seen: dict[int, tuple[int, int, int]] = {}  # inode -> (size, mtime, ctime) last told to the kernel
+        self._seen: dict[
+            int, tuple[int, int, int]
+        ] = {}  # inode -> (size, mtime, ctime) last told to the kernel
         self._write_slots = trio.Semaphore(max(1, cfg.write_behind_chunks))
         self.nursery: trio.Nursery | None = None  # background writes run here (set by run())
         self.stats = Stats()
-        self._caps: dict[int, tuple[float, bytes | None]] = {}  # inode -> (expiry, security.capability)
+        self._caps: dict[
+            int, tuple[float, bytes | None]
+        ] = {}  # inode -> (expiry, security.capability)
 
     # ================================================================== helpers
 
@@ -285,7 +291,11 @@ class Fs3Operations(pyfuse3.Operations):
         e.st_rdev = int(attr.rdev)
         e.st_size = size
         e.st_blksize = int(attr.blksize) or 4096
-        e.st_blocks = max(int(attr.blocks), (size + 511) // 512) if stat.S_ISREG(attr.mode) else int(attr.blocks)
+        e.st_blocks = (
+            max(int(attr.blocks), (size + 511) // 512)
+            if stat.S_ISREG(attr.mode)
+            else int(attr.blocks)
+        )
         e.st_atime_ns = _ts_ns(attr.atime)
         e.st_mtime_ns = mtime
         e.st_ctime_ns = ctime
@@ -343,12 +353,16 @@ class Fs3Operations(pyfuse3.Operations):
         else:
             self.nursery.start_soon(self._bg_write, ist, of, rng, data)
 
-    async def _bg_write(self, ist: InodeState, of: OpenFile, rng: tuple[int, int], data: bytes) -> None:
+    async def _bg_write(
+        self, ist: InodeState, of: OpenFile, rng: tuple[int, int], data: bytes
+    ) -> None:
         try:
             self.stats.storage_writes += 1
             await self._call(self.client.write(of.h, rng[0], data))
         except FsError as e:
-            log.warning("background write of inode %d [%d, %d) failed: %s", ist.inode, rng[0], rng[1], e)
+            log.warning(
+                "background write of inode %d [%d, %d) failed: %s", ist.inode, rng[0], rng[1], e
+            )
             for f in ist.files:
                 if f.h.writable:
                     f.error = e
@@ -429,13 +443,17 @@ class Fs3Operations(pyfuse3.Operations):
                     if ist.buf and now - ist.buf_since >= age and not ist.lock.locked():
                         async with ist.lock:
                             await self._start_flush(ist)
-            except Exception:  # this task shares a nursery with the FUSE loop: never let it end the mount
+            except (
+                Exception
+            ):  # this task shares a nursery with the FUSE loop: never let it end the mount
                 log.exception("periodic write-buffer flush failed")
 
     # ================================================================== namespace
 
     @_guard
-    async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+    async def lookup(
+        self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
         _check_name(name)
         try:
             attr = await self._call(self.client.lookup(self._caller(ctx), parent_inode, name))
@@ -460,7 +478,11 @@ class Fs3Operations(pyfuse3.Operations):
 
     @_guard
     async def setattr(
-        self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields, fh: int | None,
+        self,
+        inode: int,
+        attr: pyfuse3.EntryAttributes,
+        fields: pyfuse3.SetattrFields,
+        fh: int | None,
         ctx: pyfuse3.RequestContext,
     ) -> pyfuse3.EntryAttributes:
         caller = self._caller(ctx)
@@ -500,7 +522,12 @@ class Fs3Operations(pyfuse3.Operations):
         result: meta_pb2.Attr | None = None
         if mode is not None and cur is not None:
             old = int(cur.mode) & 0o7777
-            if caller.uid != cur.uid and mode != old and (old & ~mode) & ~_SUID_BITS == 0 and (mode & ~old) == 0:
+            if (
+                caller.uid != cur.uid
+                and mode != old
+                and (old & ~mode) & ~_SUID_BITS == 0
+                and (mode & ~old) == 0
+            ):
                 # The kernel clearing S_ISUID/S_ISGID after a write/truncate by a
                 # non-owner: apply the rest as the caller (checks), the clearing as root.
                 if kw:
@@ -528,12 +555,18 @@ class Fs3Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         _check_name(name)
-        return self._entry(await self._call(self.client.mknod(self._caller(ctx), parent_inode, name, mode, rdev)))
+        return self._entry(
+            await self._call(self.client.mknod(self._caller(ctx), parent_inode, name, mode, rdev))
+        )
 
     @_guard
-    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+    async def mkdir(
+        self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
         _check_name(name)
-        return self._entry(await self._call(self.client.mkdir(self._caller(ctx), parent_inode, name, mode)))
+        return self._entry(
+            await self._call(self.client.mkdir(self._caller(ctx), parent_inode, name, mode))
+        )
 
     @_guard
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
@@ -550,17 +583,26 @@ class Fs3Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         _check_name(name)
-        return self._entry(await self._call(self.client.symlink(self._caller(ctx), parent_inode, name, target)))
+        return self._entry(
+            await self._call(self.client.symlink(self._caller(ctx), parent_inode, name, target))
+        )
 
     @_guard
     async def rename(
-        self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int,
+        self,
+        parent_inode_old: int,
+        name_old: bytes,
+        parent_inode_new: int,
+        name_new: bytes,
+        flags: int,
         ctx: pyfuse3.RequestContext,
     ) -> None:
         _check_name(name_old)
         _check_name(name_new)
         await self._call(
-            self.client.rename(self._caller(ctx), parent_inode_old, name_old, parent_inode_new, name_new, flags)
+            self.client.rename(
+                self._caller(ctx), parent_inode_old, name_old, parent_inode_new, name_new, flags
+            )
         )
 
     @_guard
@@ -568,7 +610,9 @@ class Fs3Operations(pyfuse3.Operations):
         self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         _check_name(new_name)
-        return self._entry(await self._call(self.client.link(self._caller(ctx), inode, new_parent_inode, new_name)))
+        return self._entry(
+            await self._call(self.client.link(self._caller(ctx), inode, new_parent_inode, new_name))
+        )
 
     @_guard
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
@@ -589,7 +633,9 @@ class Fs3Operations(pyfuse3.Operations):
     @_guard
     async def access(self, inode: int, mode: int, ctx: pyfuse3.RequestContext) -> bool:
         try:
-            await self._call(self.client.access(self._caller(ctx), inode, mode & (os.R_OK | os.W_OK | os.X_OK)))
+            await self._call(
+                self.client.access(self._caller(ctx), inode, mode & (os.R_OK | os.W_OK | os.X_OK))
+            )
         except FsError as e:
             if e.errno == errno.EACCES:
                 return False
@@ -611,7 +657,9 @@ class Fs3Operations(pyfuse3.Operations):
                     raise pyfuse3.FUSEError(errno.ENODATA)
                 return hit[1]
             try:
-                value: bytes | None = await self._call(self.client.getxattr(self._caller(ctx), inode, name))
+                value: bytes | None = await self._call(
+                    self.client.getxattr(self._caller(ctx), inode, name)
+                )
             except FsError as e:
                 if e.errno != errno.ENODATA:
                     raise
@@ -625,7 +673,9 @@ class Fs3Operations(pyfuse3.Operations):
         return await self._call(self.client.getxattr(self._caller(ctx), inode, name))
 
     @_guard
-    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
+    async def setxattr(
+        self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext
+    ) -> None:
         self._caps.pop(inode, None)
         await self._call(self.client.setxattr(self._caller(ctx), inode, name, value))
 
@@ -759,7 +809,9 @@ class Fs3Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         _check_name(name)
-        h, attr = await self._call(self.client.create(self._caller(ctx), parent_inode, name, mode, flags))
+        h, attr = await self._call(
+            self.client.create(self._caller(ctx), parent_inode, name, mode, flags)
+        )
         of = self._register(h, bool(flags & os.O_DIRECT))
         entry = self._entry(attr)
         return pyfuse3.FileInfo(fh=h.fh, direct_io=of.direct, keep_cache=False), entry
@@ -867,7 +919,12 @@ class Fs3Operations(pyfuse3.Operations):
             self.files.pop(fh, None)
             ist.files.discard(of)
             if ist.buf_owner is of and ist.buf:  # cannot happen after _settle; never strand data
-                log.error("release of fh %d left %d buffered bytes of inode %d", fh, len(ist.buf), ist.inode)
+                log.error(
+                    "release of fh %d left %d buffered bytes of inode %d",
+                    fh,
+                    len(ist.buf),
+                    ist.inode,
+                )
             if not ist.files and not ist.busy:
                 self.inodes.pop(ist.inode, None)
 
@@ -893,8 +950,11 @@ class UsrbioBackend:
             for of in ist.files:
                 if (of.h.writable if write else of.h.readable) and not of.h.closed:
                     return of
-        raise FsError(Code.BAD_FD, f"inode {inode} is not open for {'writing' if write else 'reading'} on this mount",
-                      errno=errno.EBADF)
+        raise FsError(
+            Code.BAD_FD,
+            f"inode {inode} is not open for {'writing' if write else 'reading'} on this mount",
+            errno=errno.EBADF,
+        )
 
     async def authorize(self, inode: int, *, uid: int, gid: int, pid: int, write: bool) -> None:
         self._open_file(inode, write)

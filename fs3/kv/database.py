@@ -152,7 +152,9 @@ class Database(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the engine's resources."""
 
-    def run(self, fn: Callable[[Transaction], T], *, max_retries: int = 100, timeout_s: float = 30.0) -> T:
+    def run(
+        self, fn: Callable[[Transaction], T], *, max_retries: int = 100, timeout_s: float = 30.0
+    ) -> T:
         """Run ``fn`` in a transaction, committing it; retry on retryable errors.
 
         Raises the last error if ``fn`` keeps failing past ``max_retries`` or

@@ -48,8 +48,10 @@ class FsckReport:
         return not self.problems
 
     def __str__(self) -> str:
-        head = (f"inodes={self.inodes} dirs={self.directories} entries={self.entries} "
-                f"orphans={self.orphans} sessions={self.sessions} gc={self.gc_entries}")
+        head = (
+            f"inodes={self.inodes} dirs={self.directories} entries={self.entries} "
+            f"orphans={self.orphans} sessions={self.sessions} gc={self.gc_entries}"
+        )
         return head + "".join(f"\n  {p}" for p in self.problems[:50])
 
 
@@ -68,8 +70,12 @@ def check_namespace(db: Database, *, max_problems: int = 1000) -> FsckReport:
     """Check every namespace invariant; returns a report (``report.ok``)."""
 
     def read(tr: Transaction) -> tuple[list, list, list, list]:  # type: ignore[type-arg]
-        return (_scan(tr, S.inode_range()), _scan(tr, S.all_dentries_range()),
-                _scan(tr, S.all_sessions_range()), _scan(tr, S.gc_range()))
+        return (
+            _scan(tr, S.inode_range()),
+            _scan(tr, S.all_dentries_range()),
+            _scan(tr, S.all_sessions_range()),
+            _scan(tr, S.gc_range()),
+        )
 
     inode_rows, dentry_rows, session_rows, gc_rows = db.run(read, timeout_s=120.0)
     rep = FsckReport()
@@ -118,7 +124,9 @@ def check_namespace(db: Database, *, max_problems: int = 1000) -> FsckReport:
             bad(f"entry {parent}/{name!r} points at missing inode {ino}")
             continue
         if stat.S_IFMT(child.mode) != ftype:
-            bad(f"entry {parent}/{name!r} type {oct(ftype)} != inode {ino} type {oct(stat.S_IFMT(child.mode))}")
+            bad(
+                f"entry {parent}/{name!r} type {oct(ftype)} != inode {ino} type {oct(stat.S_IFMT(child.mode))}"
+            )
         if stat.S_ISDIR(child.mode):
             dir_entries[ino].append(int(parent))
             subdirs[int(parent)] += 1

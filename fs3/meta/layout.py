@@ -57,8 +57,13 @@ class NoChainTables:
 class StaticChainTables:
     """Fixed chain tables (tests, benchmarks, single-host tools)."""
 
-    def __init__(self, tables: dict[int, list[int]], *, version: int = 1,
-                 space: tuple[int, int, int] | None = None) -> None:
+    def __init__(
+        self,
+        tables: dict[int, list[int]],
+        *,
+        version: int = 1,
+        space: tuple[int, int, int] | None = None,
+    ) -> None:
         self.tables = {k: list(v) for k, v in tables.items()}
         self.version = version
         self._space = space
@@ -76,7 +81,10 @@ def validate_layout(layout: meta_pb2.Layout, *, partial: bool) -> None:
     cs = layout.chunk_size
     if cs or not partial:
         if cs < MIN_CHUNK_SIZE or cs > MAX_CHUNK_SIZE or cs & (cs - 1):
-            raise posix(errno.EINVAL, f"chunk_size must be a power of two in [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}]")
+            raise posix(
+                errno.EINVAL,
+                f"chunk_size must be a power of two in [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}]",
+            )
     if layout.stripe or not partial:
         if not 1 <= layout.stripe <= MAX_STRIPE:
             raise posix(errno.EINVAL, f"stripe must be in [1, {MAX_STRIPE}]")
@@ -111,13 +119,19 @@ class ChainAllocator:
         twice. Without a chain table the chain list stays empty (the file can be
         created and stat'ed, not written) and that is logged once per table.
         """
-        out = meta_pb2.Layout(chunk_size=default.chunk_size, stripe=default.stripe, table_id=default.table_id)
+        out = meta_pb2.Layout(
+            chunk_size=default.chunk_size, stripe=default.stripe, table_id=default.table_id
+        )
         table = self.source.latest_table(default.table_id)
         if not table or not table[1]:
             if default.table_id not in self._warned:
                 self._warned.add(default.table_id)
-                event(log, "no chain table yet; new files get an empty chain list",
-                      level=logging.WARNING, table_id=default.table_id)
+                event(
+                    log,
+                    "no chain table yet; new files get an empty chain list",
+                    level=logging.WARNING,
+                    table_id=default.table_id,
+                )
             return out
         self._warned.discard(default.table_id)
         version, chains = table

@@ -99,10 +99,20 @@ class MetaOperator:
                 return False
             now = S.timespec(self.now_ns())
             attr = meta_pb2.Attr(
-                inode=S.ROOT_INODE, mode=0o040755, nlink=2, uid=0, gid=0, parent=S.ROOT_INODE,
-                atime=now, mtime=now, ctime=now,
-                layout=meta_pb2.Layout(chunk_size=cfg.default_chunk_size, stripe=cfg.default_stripe,
-                                       table_id=cfg.default_chain_table),
+                inode=S.ROOT_INODE,
+                mode=0o040755,
+                nlink=2,
+                uid=0,
+                gid=0,
+                parent=S.ROOT_INODE,
+                atime=now,
+                mtime=now,
+                ctime=now,
+                layout=meta_pb2.Layout(
+                    chunk_size=cfg.default_chunk_size,
+                    stripe=cfg.default_stripe,
+                    table_id=cfg.default_chain_table,
+                ),
             )
             tx.put_inode(Inode(attr))
             return True
@@ -111,7 +121,9 @@ class MetaOperator:
             event(log, "created root directory", inode=S.ROOT_INODE)
 
     def _ctx(self, user: common_pb2.UserInfo, new_ino: int = 0) -> OpCtx:
-        return OpCtx(user=user, now_ns=self.now_ns(), cfg=self.cfg, place=self.placer.place, new_ino=new_ino)
+        return OpCtx(
+            user=user, now_ns=self.now_ns(), cfg=self.cfg, place=self.placer.place, new_ino=new_ino
+        )
 
     @staticmethod
     def _check_request(req: Any, cls: type[Message]) -> None:
@@ -131,7 +143,16 @@ class MetaOperator:
         self._check_request(req, cls)
         return self.db.run(lambda tr: op(self._ctx(req.user), MetaTxn(tr), req))
 
-    def _write(self, name: str, op: Op, req: Any, cls: type[Message], resp_cls: type[R], *, creates: bool = False) -> R:
+    def _write(
+        self,
+        name: str,
+        op: Op,
+        req: Any,
+        cls: type[Message],
+        resp_cls: type[R],
+        *,
+        creates: bool = False,
+    ) -> R:
         self._check_request(req, cls)
         rid: str = req.request_id
         new_ino = self.alloc.allocate() if creates else 0
@@ -153,7 +174,12 @@ class MetaOperator:
             resp = op(ctx, tx, req)
             used = ctx.ino_used
             if rid and ctx.changed:
-                tx.put_idem(rid, meta_pb2.IdemRecord(time=ctx.now_ns / 1e9, response=resp.SerializeToString(), op=name))
+                tx.put_idem(
+                    rid,
+                    meta_pb2.IdemRecord(
+                        time=ctx.now_ns / 1e9, response=resp.SerializeToString(), op=name
+                    ),
+                )
             return resp  # type: ignore[no-any-return]
 
         try:
@@ -200,10 +226,14 @@ class MetaOperator:
     # ------------------------------------------------------------------ writes
 
     def setattr(self, req: meta_pb2.SetAttrRequest) -> meta_pb2.SetAttrResponse:
-        return self._write("SetAttr", files.setattr, req, meta_pb2.SetAttrRequest, meta_pb2.SetAttrResponse)
+        return self._write(
+            "SetAttr", files.setattr, req, meta_pb2.SetAttrRequest, meta_pb2.SetAttrResponse
+        )
 
     def create(self, req: meta_pb2.CreateRequest) -> meta_pb2.OpenResponse:
-        return self._write("Create", files.create, req, meta_pb2.CreateRequest, meta_pb2.OpenResponse, creates=True)
+        return self._write(
+            "Create", files.create, req, meta_pb2.CreateRequest, meta_pb2.OpenResponse, creates=True
+        )
 
     def open(self, req: meta_pb2.OpenRequest) -> meta_pb2.OpenResponse:
         return self._write("Open", files.open_, req, meta_pb2.OpenRequest, meta_pb2.OpenResponse)
@@ -215,36 +245,67 @@ class MetaOperator:
         return self._write("Sync", files.sync, req, meta_pb2.SyncRequest, meta_pb2.AttrResponse)
 
     def mknod(self, req: meta_pb2.MknodRequest) -> meta_pb2.AttrResponse:
-        return self._write("Mknod", namespace.mknod, req, meta_pb2.MknodRequest, meta_pb2.AttrResponse, creates=True)
+        return self._write(
+            "Mknod",
+            namespace.mknod,
+            req,
+            meta_pb2.MknodRequest,
+            meta_pb2.AttrResponse,
+            creates=True,
+        )
 
     def mkdir(self, req: meta_pb2.MkdirRequest) -> meta_pb2.AttrResponse:
-        return self._write("Mkdir", namespace.mkdir, req, meta_pb2.MkdirRequest, meta_pb2.AttrResponse, creates=True)
+        return self._write(
+            "Mkdir",
+            namespace.mkdir,
+            req,
+            meta_pb2.MkdirRequest,
+            meta_pb2.AttrResponse,
+            creates=True,
+        )
 
     def symlink(self, req: meta_pb2.SymlinkRequest) -> meta_pb2.AttrResponse:
         return self._write(
-            "Symlink", namespace.symlink, req, meta_pb2.SymlinkRequest, meta_pb2.AttrResponse, creates=True
+            "Symlink",
+            namespace.symlink,
+            req,
+            meta_pb2.SymlinkRequest,
+            meta_pb2.AttrResponse,
+            creates=True,
         )
 
     def link(self, req: meta_pb2.LinkRequest) -> meta_pb2.AttrResponse:
         return self._write("Link", namespace.link, req, meta_pb2.LinkRequest, meta_pb2.AttrResponse)
 
     def unlink(self, req: meta_pb2.RemoveRequest) -> meta_pb2.RemoveResponse:
-        return self._write("Unlink", namespace.unlink, req, meta_pb2.RemoveRequest, meta_pb2.RemoveResponse)
+        return self._write(
+            "Unlink", namespace.unlink, req, meta_pb2.RemoveRequest, meta_pb2.RemoveResponse
+        )
 
     def rmdir(self, req: meta_pb2.RemoveRequest) -> meta_pb2.RemoveResponse:
-        return self._write("Rmdir", namespace.rmdir, req, meta_pb2.RemoveRequest, meta_pb2.RemoveResponse)
+        return self._write(
+            "Rmdir", namespace.rmdir, req, meta_pb2.RemoveRequest, meta_pb2.RemoveResponse
+        )
 
     def rename(self, req: meta_pb2.RenameRequest) -> meta_pb2.RenameResponse:
-        return self._write("Rename", namespace.rename, req, meta_pb2.RenameRequest, meta_pb2.RenameResponse)
+        return self._write(
+            "Rename", namespace.rename, req, meta_pb2.RenameRequest, meta_pb2.RenameResponse
+        )
 
     def setxattr(self, req: meta_pb2.SetXattrRequest) -> common_pb2.Empty:
-        return self._write("SetXattr", xattrs.setxattr, req, meta_pb2.SetXattrRequest, common_pb2.Empty)
+        return self._write(
+            "SetXattr", xattrs.setxattr, req, meta_pb2.SetXattrRequest, common_pb2.Empty
+        )
 
     def removexattr(self, req: meta_pb2.RemoveXattrRequest) -> common_pb2.Empty:
-        return self._write("RemoveXattr", xattrs.removexattr, req, meta_pb2.RemoveXattrRequest, common_pb2.Empty)
+        return self._write(
+            "RemoveXattr", xattrs.removexattr, req, meta_pb2.RemoveXattrRequest, common_pb2.Empty
+        )
 
     def setlayout(self, req: meta_pb2.SetLayoutRequest) -> meta_pb2.AttrResponse:
-        return self._write("SetLayout", attrs.setlayout, req, meta_pb2.SetLayoutRequest, meta_pb2.AttrResponse)
+        return self._write(
+            "SetLayout", attrs.setlayout, req, meta_pb2.SetLayoutRequest, meta_pb2.AttrResponse
+        )
 
     # ------------------------------------------------------------------ statfs
 
@@ -264,9 +325,14 @@ class MetaOperator:
             used = bytes_used
             free = total - used
         return meta_pb2.StatFsResponse(
-            block_size=STATFS_BLOCK, total_bytes=total, free_bytes=free, avail_bytes=free,
-            total_files=STATFS_TOTAL_FILES, free_files=STATFS_TOTAL_FILES - files_used,
-            used_files=files_used, name_max=S.NAME_MAX,
+            block_size=STATFS_BLOCK,
+            total_bytes=total,
+            free_bytes=free,
+            avail_bytes=free,
+            total_files=STATFS_TOTAL_FILES,
+            free_files=STATFS_TOTAL_FILES - files_used,
+            used_files=files_used,
+            name_max=S.NAME_MAX,
         )
 
     def _usage(self) -> tuple[int, int]:
@@ -318,6 +384,7 @@ class MetaOperator:
             begin = rows[-1][0] + b"\x00"
         pruned = 0
         for ino, sid in victims:
+
             def txn(tr: Transaction, ino: int = ino, sid: str = sid) -> int:
                 tx = MetaTxn(tr)
                 if tx.get_session(ino, sid) is None:
@@ -376,6 +443,7 @@ class MetaOperator:
             rows = self._scan_page(begin, end, batch)
             old = [k for k, v in rows if meta_pb2.IdemRecord.FromString(v).time < cutoff]
             if old:
+
                 def txn(tr: Transaction, keys: list[bytes] = old) -> None:
                     for k in keys:
                         tr.clear(k)

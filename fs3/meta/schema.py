@@ -207,5 +207,7 @@ def public_attr(attr: meta_pb2.Attr) -> meta_pb2.Attr:
     out = meta_pb2.Attr()
     out.CopyFrom(attr)
     out.blocks = (attr.size + 511) // 512 if stat.S_ISREG(attr.mode) else 0
-    out.blksize = attr.layout.chunk_size if stat.S_ISREG(attr.mode) and attr.layout.chunk_size else 4096
+    out.blksize = (
+        attr.layout.chunk_size if stat.S_ISREG(attr.mode) and attr.layout.chunk_size else 4096
+    )
     return out

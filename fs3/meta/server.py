@@ -73,9 +73,15 @@ async def _heartbeats(client: Any, cfg: MetaConfig, address: str, stop: asyncio.
     name = cfg.node.name or f"meta-{cfg.node.id}"
     while not stop.is_set():
         try:
-            await client.heartbeat(mgmtd_pb2.HeartbeatRequest(
-                node_id=cfg.node.id, type=mgmtd_pb2.NODE_TYPE_META, address=address,
-                hostname=socket.gethostname(), name=name))
+            await client.heartbeat(
+                mgmtd_pb2.HeartbeatRequest(
+                    node_id=cfg.node.id,
+                    type=mgmtd_pb2.NODE_TYPE_META,
+                    address=address,
+                    hostname=socket.gethostname(),
+                    name=name,
+                )
+            )
         except FsError as e:
             log.debug("heartbeat to mgmtd failed: %s", e)
         with contextlib.suppress(TimeoutError):
@@ -123,12 +129,23 @@ async def serve(cfg: MetaConfig, stop: asyncio.Event) -> int:
         address = f"{cfg.node.host}:{port}"
         await server.start()
         print(f"fs3-meta listening on {address}", flush=True)
-        event(log, "meta started", node=cfg.node.id, address=address, kv=db.engine,
-              routing=bool(cfg.cluster.cluster_file))
+        event(
+            log,
+            "meta started",
+            node=cfg.node.id,
+            address=address,
+            kv=db.engine,
+            routing=bool(cfg.cluster.cluster_file),
+        )
         if mgmtd is not None:
-            tasks.append(asyncio.create_task(_heartbeats(mgmtd, cfg, address, stop), name="meta-heartbeat"))
-        tasks.append(asyncio.create_task(
-            _prune_requests(op, cfg.meta.request_record_ttl_s, stop), name="meta-prune-requests"))
+            tasks.append(
+                asyncio.create_task(_heartbeats(mgmtd, cfg, address, stop), name="meta-heartbeat")
+            )
+        tasks.append(
+            asyncio.create_task(
+                _prune_requests(op, cfg.meta.request_record_ttl_s, stop), name="meta-prune-requests"
+            )
+        )
         if mgmtd is not None:
             # Removed files' chunks are deleted by the meta servers themselves
             # (3FS runs GC inside meta); every server may run it: removal and

@@ -107,7 +107,9 @@ class MetaTxn:
 
     # -- directory entries ---------------------------------------------------------
 
-    def get_entry(self, parent: int, name: bytes, *, snapshot: bool = False) -> tuple[int, int] | None:
+    def get_entry(
+        self, parent: int, name: bytes, *, snapshot: bool = False
+    ) -> tuple[int, int] | None:
         raw = self.tr.get(S.dentry_key(parent, name), snapshot=snapshot)
         return None if raw is None else S.decode_dentry(raw)
 
@@ -165,7 +167,9 @@ class MetaTxn:
 
     def list_xattrs(self, ino: int, *, snapshot: bool = True) -> list[bytes]:
         begin, end = S.xattr_range(ino)
-        return [bytes(S.K.unpack(k)[3]) for k, _ in self.tr.get_range(begin, end, snapshot=snapshot)]
+        return [
+            bytes(S.K.unpack(k)[3]) for k, _ in self.tr.get_range(begin, end, snapshot=snapshot)
+        ]
 
     # -- GC queue ------------------------------------------------------------------------
 

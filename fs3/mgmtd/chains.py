@@ -167,9 +167,7 @@ def implied_local_state(public: int) -> int:
     return LOCAL_OFFLINE
 
 
-def from_chain_info(
-    chain: mgmtd_pb2.ChainInfo, local_of: dict[int, int]
-) -> list[ChainTarget]:
+def from_chain_info(chain: mgmtd_pb2.ChainInfo, local_of: dict[int, int]) -> list[ChainTarget]:
     """State-machine input for a persisted chain (``local_of``: target -> local state)."""
     return [
         ChainTarget(t.target_id, t.public_state, local_of.get(t.target_id, LOCAL_OFFLINE))

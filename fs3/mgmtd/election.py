@@ -55,6 +55,7 @@ class Fenced(Exception):
         super().__init__(message)
         self.leader = leader
 
+
 # Protocol release of this mgmtd; a lease held by a newer release is never taken
 # over by an older one (3FS releaseVersion).
 RELEASE = 1
@@ -219,9 +220,19 @@ class Elector:
                 max_retries=20,
             )
         except Exception as e:  # KV unavailable or failing: keep trusting only the window
-            err = e if isinstance(e, FsError) else FsError(Code.KV_UNAVAILABLE, f"{type(e).__name__}: {e}")
+            err = (
+                e
+                if isinstance(e, FsError)
+                else FsError(Code.KV_UNAVAILABLE, f"{type(e).__name__}: {e}")
+            )
             if self.last_error is None or self.last_error.message != err.message:
-                event(log, "lease renewal failed", logging.WARNING, node=self.node_id, error=err.message)
+                event(
+                    log,
+                    "lease renewal failed",
+                    logging.WARNING,
+                    node=self.node_id,
+                    error=err.message,
+                )
             self.last_error = err
             await self._check_expired("cannot renew the lease: " + err.message)
             return LeaseView(self.is_leader(), self.term, self.lease)

@@ -69,7 +69,11 @@ _TYPE_NAME: dict[int, str] = {
     mgmtd_pb2.NODE_TYPE_META: "meta",
     mgmtd_pb2.NODE_TYPE_STORAGE: "storage",
 }
-_STATUS_NAME: dict[int, str] = {ONLINE: "online", NODE_OFFLINE: "offline", mgmtd_pb2.NODE_STATUS_DISABLED: "disabled"}
+_STATUS_NAME: dict[int, str] = {
+    ONLINE: "online",
+    NODE_OFFLINE: "offline",
+    mgmtd_pb2.NODE_STATUS_DISABLED: "disabled",
+}
 _PUBLIC_NAME: dict[int, str] = {
     sm.SERVING: "serving",
     sm.LASTSRV: "lastsrv",
@@ -77,7 +81,11 @@ _PUBLIC_NAME: dict[int, str] = {
     sm.WAITING: "waiting",
     sm.OFFLINE: "offline",
 }
-_LOCAL_NAME: dict[int, str] = {sm.UPTODATE: "uptodate", sm.ONLINE: "online", sm.LOCAL_OFFLINE: "offline"}
+_LOCAL_NAME: dict[int, str] = {
+    sm.UPTODATE: "uptodate",
+    sm.ONLINE: "online",
+    sm.LOCAL_OFFLINE: "offline",
+}
 
 # Used/free bytes alone change with every write; publish them at most this often
 # (in check intervals) instead of bumping the routing version on every heartbeat.
@@ -146,7 +154,9 @@ class MgmtdOperator:
         self._lock = asyncio.Lock()
         self._changed = asyncio.Condition()
         self.kick = asyncio.Event()  # wakes the background tick early
-        self._last_check: tuple[float, float] | None = None  # (term, time.monotonic()) of the previous check
+        self._last_check: tuple[float, float] | None = (
+            None  # (term, time.monotonic()) of the previous check
+        )
         elector.on_gained = self.on_lease_gained
         elector.on_lost = self.on_lease_lost
 
@@ -175,7 +185,9 @@ class MgmtdOperator:
 
         async with self._lock:
             try:
-                snap = await self.db.run_async(_boot, timeout_s=self.mcfg.lease_renew_interval_s * 2)
+                snap = await self.db.run_async(
+                    _boot, timeout_s=self.mcfg.lease_renew_interval_s * 2
+                )
             except (FsError, Fenced) as e:
                 event(log, "bootstrap failed", logging.WARNING, node=self.node_id, error=str(e))
                 return  # stays without state: requests answer UNAVAILABLE until the next term
@@ -527,7 +539,9 @@ class MgmtdOperator:
                 st.dirty_major = True
                 self.kick.set()
 
-    async def register_node(self, req: mgmtd_pb2.RegisterNodeRequest) -> mgmtd_pb2.RegisterNodeResponse:
+    async def register_node(
+        self, req: mgmtd_pb2.RegisterNodeRequest
+    ) -> mgmtd_pb2.RegisterNodeResponse:
         """Register (or re-register) a node and its targets; answers the new routing."""
         self._check_cluster(req.cluster_id)
         self._validate_node(req.node_id, req.type, req.address, req.targets)
@@ -540,7 +554,9 @@ class MgmtdOperator:
             rec = self._node_record(
                 req.node_id, req.type, req.address, req.data_address, req.hostname, req.name
             )
-            await self._upsert_node(st, rec, req.targets, force_bump=st.nodes.get(req.node_id) is None)
+            await self._upsert_node(
+                st, rec, req.targets, force_bump=st.nodes.get(req.node_id) is None
+            )
             st.hb_versions.pop(req.node_id, None)  # a re-registered process restarts numbering
             if st.dirty_major:
                 await self._bump(st)
@@ -589,7 +605,9 @@ class MgmtdOperator:
             M_HEARTBEATS.labels(result=e.code.name.lower()).inc()
             raise
         M_HEARTBEATS.labels(result="ok").inc()
-        return mgmtd_pb2.HeartbeatResponse(routing_version=st.version, last_hb_version=req.hb_version)
+        return mgmtd_pb2.HeartbeatResponse(
+            routing_version=st.version, last_hb_version=req.hb_version
+        )
 
     # ================================================================== background
 
@@ -653,9 +671,15 @@ class MgmtdOperator:
             owner = st.nodes.get(t.node_id)
             node_down = owner is None or owner.status != ONLINE
             if node_down or now - t.last_report > timeout:
-                event(log, "target local state", target=t.target_id, node=t.node_id,
-                      old=_LOCAL_NAME.get(t.local_state, t.local_state), new="offline",
-                      reason="node down" if node_down else "not reported")
+                event(
+                    log,
+                    "target local state",
+                    target=t.target_id,
+                    node=t.node_id,
+                    old=_LOCAL_NAME.get(t.local_state, t.local_state),
+                    new="offline",
+                    reason="node down" if node_down else "not reported",
+                )
                 t.local_state = sm.LOCAL_OFFLINE
                 st.dirty_major = True
 
@@ -677,7 +701,9 @@ class MgmtdOperator:
                 continue
             chain = st.chains[cid]
             before = [
-                sm.ChainTarget(ct.target_id, ct.public_state, self._effective_local(st, ct.target_id))
+                sm.ChainTarget(
+                    ct.target_id, ct.public_state, self._effective_local(st, ct.target_id)
+                )
                 for ct in chain.targets
             ]
             after = sm.next_chain(before)
@@ -689,7 +715,8 @@ class MgmtdOperator:
                 preferred_order=list(chain.preferred_order),
             )
             new.targets.extend(
-                mgmtd_pb2.ChainTargetInfo(target_id=t.target_id, public_state=cast(Any, t.public)) for t in after
+                mgmtd_pb2.ChainTargetInfo(target_id=t.target_id, public_state=cast(Any, t.public))
+                for t in after
             )
             changed.append(new)
         return changed
@@ -739,7 +766,9 @@ class MgmtdOperator:
     async def bump_if_dirty(self, st: LeaderState) -> bool:
         """Publish memory-only changes (statuses, local states, usage) as a new version."""
         now = self.clock.time()
-        minor_due = st.dirty_minor and now - st.last_bump >= MINOR_BUMP_TICKS * self.mcfg.check_interval_s
+        minor_due = (
+            st.dirty_minor and now - st.last_bump >= MINOR_BUMP_TICKS * self.mcfg.check_interval_s
+        )
         if not (st.dirty_major or minor_due):
             return False
         await self._bump(st)
@@ -795,7 +824,9 @@ class MgmtdOperator:
             if req.node_ids:
                 for nid in req.node_ids:
                     if nid not in storage:
-                        raise FsError(Code.UNKNOWN_NODE, f"node {nid} is not a registered storage node")
+                        raise FsError(
+                            Code.UNKNOWN_NODE, f"node {nid} is not a registered storage node"
+                        )
                 chosen = set(req.node_ids)
             else:
                 chosen = {nid for nid in storage if st.nodes[nid].status == ONLINE}
@@ -813,8 +844,14 @@ class MgmtdOperator:
             if latest is not None and n_free_nodes < req.replicas:
                 existing = [st.chains[c] for c in latest.chain_ids if c in st.chains]
                 bal = placement.balance_of(
-                    [[st.targets[ct.target_id].node_id for ct in c.targets if ct.target_id in st.targets]
-                     for c in existing]
+                    [
+                        [
+                            st.targets[ct.target_id].node_id
+                            for ct in c.targets
+                            if ct.target_id in st.targets
+                        ]
+                        for c in existing
+                    ]
                 )
                 return mgmtd_pb2.CreateChainTableResponse(
                     table=latest, chains=existing, balance=_balance_pb(bal)
@@ -825,7 +862,11 @@ class MgmtdOperator:
                     c = st.chains.get(cid)
                     if c is not None:
                         existing_nodes.append(
-                            [st.targets[ct.target_id].node_id for ct in c.targets if ct.target_id in st.targets]
+                            [
+                                st.targets[ct.target_id].node_id
+                                for ct in c.targets
+                                if ct.target_id in st.targets
+                            ]
                         )
             plan = placement.generate(free, req.replicas, existing_chain_nodes=existing_nodes)
             if not plan.chains:
@@ -839,7 +880,8 @@ class MgmtdOperator:
             for i, tids in enumerate(plan.chains):
                 c = mgmtd_pb2.ChainInfo(chain_id=next_id + i, version=1, preferred_order=tids)
                 c.targets.extend(
-                    mgmtd_pb2.ChainTargetInfo(target_id=tid, public_state=sm.SERVING) for tid in tids
+                    mgmtd_pb2.ChainTargetInfo(target_id=tid, public_state=sm.SERVING)
+                    for tid in tids
                 )
                 new_chains.append(c)
             table = mgmtd_pb2.ChainTable(
@@ -894,7 +936,9 @@ class MgmtdOperator:
                 best = t
         return best
 
-    async def set_target_state(self, req: mgmtd_pb2.SetTargetStateRequest) -> mgmtd_pb2.SetTargetStateResponse:
+    async def set_target_state(
+        self, req: mgmtd_pb2.SetTargetStateRequest
+    ) -> mgmtd_pb2.SetTargetStateResponse:
         """Administratively take a target offline (or clear that mark)."""
         if req.target_id <= 0:
             raise invalid("target_id must be > 0")

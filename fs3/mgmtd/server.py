@@ -31,7 +31,9 @@ from fs3.service import service_main
 log = logging.getLogger("fs3.mgmtd")
 
 
-async def _follower_heartbeats(cfg: MgmtdConfig, elector: Elector, address: str, stop: asyncio.Event) -> None:
+async def _follower_heartbeats(
+    cfg: MgmtdConfig, elector: Elector, address: str, stop: asyncio.Event
+) -> None:
     """While following, heartbeat the leader as a node of type MGMTD."""
     from fs3.client.mgmtd_client import MgmtdClient
 
@@ -45,7 +47,12 @@ async def _follower_heartbeats(cfg: MgmtdConfig, elector: Elector, address: str,
                 if client is None or client_for != leader:
                     if client is not None:
                         await client.close()
-                    client = MgmtdClient([leader], cfg.cluster.id, timeout_s=min(2.0, interval), retry_deadline_s=min(2.0, interval))
+                    client = MgmtdClient(
+                        [leader],
+                        cfg.cluster.id,
+                        timeout_s=min(2.0, interval),
+                        retry_deadline_s=min(2.0, interval),
+                    )
                     client_for = leader
                 try:
                     await client.heartbeat(
@@ -80,7 +87,14 @@ async def serve(cfg: MgmtdConfig, stop: asyncio.Event) -> int:
     op.address = address
     await server.start()
     print(f"fs3-mgmtd listening on {address}", flush=True)
-    event(log, "mgmtd started", node=cfg.node.id, address=address, kv=db.engine, cluster=cfg.cluster.id)
+    event(
+        log,
+        "mgmtd started",
+        node=cfg.node.id,
+        address=address,
+        kv=db.engine,
+        cluster=cfg.cluster.id,
+    )
     tasks = [
         asyncio.create_task(op.run(stop), name="mgmtd-tick"),
         asyncio.create_task(_follower_heartbeats(cfg, elector, address, stop), name="mgmtd-follow"),
@@ -104,7 +118,9 @@ async def serve(cfg: MgmtdConfig, stop: asyncio.Event) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return service_main(list(sys.argv[1:] if argv is None else argv), "fs3 mgmtd", MgmtdConfig, serve)
+    return service_main(
+        list(sys.argv[1:] if argv is None else argv), "fs3 mgmtd", MgmtdConfig, serve
+    )
 
 
 if __name__ == "__main__":

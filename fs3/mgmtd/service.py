@@ -17,7 +17,9 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServiceServicer):
     def __init__(self, operator: MgmtdOperator) -> None:
         self.op = operator
 
-    async def GetLeader(self, request: mgmtd_pb2.GetLeaderRequest, context: Any) -> mgmtd_pb2.GetLeaderResponse:
+    async def GetLeader(
+        self, request: mgmtd_pb2.GetLeaderRequest, context: Any
+    ) -> mgmtd_pb2.GetLeaderResponse:
         return self.op.get_leader()
 
     async def RegisterNode(
@@ -25,7 +27,9 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServiceServicer):
     ) -> mgmtd_pb2.RegisterNodeResponse:
         return await self.op.register_node(request)
 
-    async def Heartbeat(self, request: mgmtd_pb2.HeartbeatRequest, context: Any) -> mgmtd_pb2.HeartbeatResponse:
+    async def Heartbeat(
+        self, request: mgmtd_pb2.HeartbeatRequest, context: Any
+    ) -> mgmtd_pb2.HeartbeatResponse:
         return await self.op.heartbeat(request)
 
     async def GetRoutingInfo(

@@ -64,8 +64,18 @@ class ChannelPool:
         await asyncio.gather(*(c.close() for c in chans), return_exceptions=True)
 
 
-async def call(method: Callable[..., Awaitable[T]], request: Any, *, timeout: float | None = None, what: str = "") -> T:
-    """Invoke a grpc.aio stub method, mapping failures to ``FsError``."""
+async def call(
+    method: Callable[..., Awaitable[T]],
+    request: Any,
+    *,
+    timeout: float | None = None,  # noqa: ASYNC109 - gRPC's deadline travels to the server
+    what: str = "",
+) -> T:
+    """Invoke a grpc.aio stub method, mapping failures to ``FsError``.
+
+    ``timeout`` is gRPC's per-call deadline (the server sees it too), which is why it is
+    a parameter rather than an ``asyncio.timeout`` around the call.
+    """
     try:
         return await method(request, timeout=timeout)
     except grpc.RpcError as e:
@@ -77,7 +87,9 @@ def _method_name(method: Any) -> str:
     return name.decode(errors="replace") if isinstance(name, bytes) else "rpc"
 
 
-def call_sync(method: Callable[..., T], request: Any, *, timeout: float | None = None, what: str = "rpc") -> T:
+def call_sync(
+    method: Callable[..., T], request: Any, *, timeout: float | None = None, what: str = "rpc"
+) -> T:
     """Invoke a blocking stub method, mapping failures to ``FsError``."""
     try:
         return method(request, timeout=timeout)

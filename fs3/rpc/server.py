@@ -97,7 +97,9 @@ def create_server() -> aio.Server:
     return aio.server(options=SERVER_OPTIONS)
 
 
-def add_servicer(server: aio.Server, add_fn: Callable[[Any, aio.Server], None], servicer: Any) -> None:
+def add_servicer(
+    server: aio.Server, add_fn: Callable[[Any, aio.Server], None], servicer: Any
+) -> None:
     """Register ``servicer`` (guarded) with ``add_fn`` (the generated add_*_to_server)."""
     add_fn(guard_servicer(servicer), server)
 
@@ -106,7 +108,9 @@ def bind(server: aio.Server, host: str, port: int) -> int:
     """Bind an insecure port; returns the actual port (``port=0`` picks a free one)."""
     actual = server.add_insecure_port(f"{host}:{port}")
     if actual == 0:
-        raise FsError(Code.UNAVAILABLE, f"cannot listen on {host}:{port} (address in use?)", retryable=False)
+        raise FsError(
+            Code.UNAVAILABLE, f"cannot listen on {host}:{port} (address in use?)", retryable=False
+        )
     return actual
 
 

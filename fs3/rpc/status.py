@@ -85,9 +85,7 @@ def from_rpc_error(e: grpc.RpcError, what: str = "rpc") -> FsError:
     for key, value in md or ():
         if key == DETAIL_KEY:
             d = common_pb2.ErrorDetail.FromString(value)
-            return FsError(
-                d.code, d.message, errno=d.errno, retryable=d.retryable, leader=d.leader
-            )
+            return FsError(d.code, d.message, errno=d.errno, retryable=d.retryable, leader=d.leader)
     code = e.code() if hasattr(e, "code") else None  # type: ignore[attr-defined]
     details = ""
     try:

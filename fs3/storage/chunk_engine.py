@@ -128,7 +128,9 @@ class ChunkEngine(abc.ABC):
         """The staged update of ``key``, if any."""
 
     @abc.abstractmethod
-    def list(self, inode: int | None = None, begin: int = 0, end: int = _ALL_INDEXES) -> list[ChunkMeta]:
+    def list(
+        self, inode: int | None = None, begin: int = 0, end: int = _ALL_INDEXES
+    ) -> list[ChunkMeta]:
         """Committed chunks, ordered by key; optionally those of ``inode`` with index in [begin, end)."""
 
     @abc.abstractmethod
@@ -162,7 +164,14 @@ class ChunkEngine(abc.ABC):
 
     @abc.abstractmethod
     def stage_truncate(
-        self, key: ChunkKey, length: int, *, update_ver: int, chain_ver: int, chunk_size: int, only_extend: bool
+        self,
+        key: ChunkKey,
+        length: int,
+        *,
+        update_ver: int,
+        chain_ver: int,
+        chunk_size: int,
+        only_extend: bool,
     ) -> PendingUpdate:
         """Stage resizing the chunk to ``length`` (zero-filled when growing)."""
 
@@ -185,7 +194,9 @@ class ChunkEngine(abc.ABC):
         Raises CHUNK_NOT_FOUND or CHECKSUM_MISMATCH.
         """
 
-    def read_into(self, key: ChunkKey, offset: int, length: int, dest: memoryview) -> tuple[ChunkMeta, int] | None:
+    def read_into(
+        self, key: ChunkKey, offset: int, length: int, dest: memoryview
+    ) -> tuple[ChunkMeta, int] | None:
         """Like :meth:`read` but straight into ``dest``; None if this engine/range cannot (use read)."""
         return None
 
@@ -269,7 +280,9 @@ class FileChunkEngine(ChunkEngine):
         self._spares: builtins.list[str] = []  # pre-created empty data files, dir entry durable
         self._spare_lock = threading.Lock()  # one batch creation at a time
         self._spare_round = 0
-        self._db = sqlite3.connect(str(self.root / "meta.db"), check_same_thread=False, isolation_level=None)
+        self._db = sqlite3.connect(
+            str(self.root / "meta.db"), check_same_thread=False, isolation_level=None
+        )
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={'FULL' if fsync else 'OFF'}")
         self._db.execute(
@@ -277,9 +290,13 @@ class FileChunkEngine(ChunkEngine):
             " chain_ver INTEGER, length INTEGER, checksum INTEGER, block_crcs BLOB, file TEXT,"
             " PRIMARY KEY (inode, idx)) WITHOUT ROWID"
         )
-        for row in self._db.execute("SELECT inode, idx, commit_ver, chain_ver, length, checksum, block_crcs, file FROM chunks"):
+        for row in self._db.execute(
+            "SELECT inode, idx, commit_ver, chain_ver, length, checksum, block_crcs, file FROM chunks"
+        ):
             key = ChunkKey(_u64(row[0]), row[1])
-            self._metas[key] = ChunkMeta(key, row[2], row[3], row[4], row[5], bytes(row[6]), row[7], row[2])
+            self._metas[key] = ChunkMeta(
+                key, row[2], row[3], row[4], row[5], bytes(row[6]), row[7], row[2]
+            )
             self._used += row[4]
         self._cleanup_orphans()
 
@@ -372,7 +389,9 @@ class FileChunkEngine(ChunkEngine):
         st = os.statvfs(self.root)
         free = st.f_bavail * st.f_frsize
         if free - growth < self.reserved_bytes:
-            raise _no_space(f"target {self.root}: {free} bytes free, need {growth} (+{self.reserved_bytes} reserved)")
+            raise _no_space(
+                f"target {self.root}: {free} bytes free, need {growth} (+{self.reserved_bytes} reserved)"
+            )
 
     def _read_file(self, rel: str, offset: int, length: int) -> bytes:
         if length <= 0 or not rel:
@@ -410,7 +429,9 @@ class FileChunkEngine(ChunkEngine):
                     off_out += len(buf)
                     left -= len(buf)
             if left > 0:
-                raise FsError(Code.INTERNAL, f"chunk file {src_rel} shorter than its committed length")
+                raise FsError(
+                    Code.INTERNAL, f"chunk file {src_rel} shorter than its committed length"
+                )
         finally:
             os.close(src)
 
@@ -449,7 +470,9 @@ class FileChunkEngine(ChunkEngine):
         with self._lock:
             return self._pending.get(key)
 
-    def list(self, inode: int | None = None, begin: int = 0, end: int = _ALL_INDEXES) -> list[ChunkMeta]:
+    def list(
+        self, inode: int | None = None, begin: int = 0, end: int = _ALL_INDEXES
+    ) -> list[ChunkMeta]:
         with self._lock:
             items = [
                 m if (p := self._pending.get(k)) is None else replace(m, update_ver=p.update_ver)
@@ -484,7 +507,13 @@ class FileChunkEngine(ChunkEngine):
         bs = self.block_size
         # Pure append into the committed file: bytes past the committed length are
         # invisible to readers and to a crash-recovered engine, so no copy is needed.
-        in_place = old is not None and old.file != "" and not replace_all and offset == old_len and length > 0
+        in_place = (
+            old is not None
+            and old.file != ""
+            and not replace_all
+            and offset == old_len
+            and length > 0
+        )
         full = replace_all or (offset == 0 and length >= old_len)
         rel = old.file if in_place and old else self._new_file(key)
         try:
@@ -533,7 +562,15 @@ class FileChunkEngine(ChunkEngine):
             os.close(fd)
         return self._set_pending(
             PendingUpdate(
-                key, update_ver, chain_ver, False, new_len, crc, blocks, rel, owns_file=not in_place,
+                key,
+                update_ver,
+                chain_ver,
+                False,
+                new_len,
+                crc,
+                blocks,
+                rel,
+                owns_file=not in_place,
                 synced=sync or not self.fsync,
             )
         )
@@ -564,7 +601,14 @@ class FileChunkEngine(ChunkEngine):
         pending.synced = True
 
     def stage_truncate(
-        self, key: ChunkKey, length: int, *, update_ver: int, chain_ver: int, chunk_size: int, only_extend: bool
+        self,
+        key: ChunkKey,
+        length: int,
+        *,
+        update_ver: int,
+        chain_ver: int,
+        chunk_size: int,
+        only_extend: bool,
     ) -> PendingUpdate:
         self._check_bounds(0, length, chunk_size)
         self.abort(key)
@@ -592,11 +636,27 @@ class FileChunkEngine(ChunkEngine):
         if length % bs:
             blocks.append(crc32c(memoryview(head)[keep * bs :]))
         return self._set_pending(
-            PendingUpdate(key, update_ver, chain_ver, False, length, crc32c(head), _pack_crcs(blocks), rel, False)
+            PendingUpdate(
+                key,
+                update_ver,
+                chain_ver,
+                False,
+                length,
+                crc32c(head),
+                _pack_crcs(blocks),
+                rel,
+                False,
+            )
         )
 
     def _stage_zero_extend(
-        self, key: ChunkKey, old: ChunkMeta | None, length: int, update_ver: int, chain_ver: int, chunk_size: int
+        self,
+        key: ChunkKey,
+        old: ChunkMeta | None,
+        length: int,
+        update_ver: int,
+        chain_ver: int,
+        chunk_size: int,
     ) -> PendingUpdate:
         old_len = old.length if old else 0
         rel = self._new_file(key)
@@ -623,7 +683,15 @@ class FileChunkEngine(ChunkEngine):
             os.close(fd)
         content = self._read_file(rel, 0, length)
         p = PendingUpdate(
-            key, update_ver, chain_ver, False, length, crc32c(content), _block_crcs(content, self.block_size), rel, True
+            key,
+            update_ver,
+            chain_ver,
+            False,
+            length,
+            crc32c(content),
+            _block_crcs(content, self.block_size),
+            rel,
+            True,
         )
         return self._set_pending(p)
 
@@ -674,7 +742,11 @@ class FileChunkEngine(ChunkEngine):
                     r.done = True
             else:
                 for r in batch:
-                    r.error = exc if isinstance(exc, FsError) else FsError(Code.INTERNAL, f"commit: {exc}")
+                    r.error = (
+                        exc
+                        if isinstance(exc, FsError)
+                        else FsError(Code.INTERNAL, f"commit: {exc}")
+                    )
                     r.done = True
             return
         finally:
@@ -687,18 +759,32 @@ class FileChunkEngine(ChunkEngine):
         with self._lock:
             for r in batch:
                 if self._pending.get(r.pending.key) is not r.pending:
-                    raise FsError(Code.INTERNAL, f"chunk {r.pending.key}: commit of an update that is no longer staged")
+                    raise FsError(
+                        Code.INTERNAL,
+                        f"chunk {r.pending.key}: commit of an update that is no longer staged",
+                    )
             try:
                 self._db.execute("BEGIN")
                 for r in batch:
                     p, key = r.pending, r.pending.key
                     if p.remove:
-                        self._db.execute("DELETE FROM chunks WHERE inode=? AND idx=?", (_i64(key.inode), key.index))
+                        self._db.execute(
+                            "DELETE FROM chunks WHERE inode=? AND idx=?",
+                            (_i64(key.inode), key.index),
+                        )
                     else:
                         self._db.execute(
                             "INSERT OR REPLACE INTO chunks VALUES (?,?,?,?,?,?,?,?)",
-                            (_i64(key.inode), key.index, p.update_ver, r.chain_ver, p.length, p.checksum,
-                             p.block_crcs, p.file),
+                            (
+                                _i64(key.inode),
+                                key.index,
+                                p.update_ver,
+                                r.chain_ver,
+                                p.length,
+                                p.checksum,
+                                p.block_crcs,
+                                p.file,
+                            ),
                         )
                 self._db.execute("COMMIT")
             except sqlite3.Error as e:
@@ -715,8 +801,16 @@ class FileChunkEngine(ChunkEngine):
                 if p.remove:
                     self._metas.pop(key, None)
                 else:
-                    new = ChunkMeta(key, p.update_ver, r.chain_ver, p.length, p.checksum, p.block_crcs, p.file,
-                                    p.update_ver)
+                    new = ChunkMeta(
+                        key,
+                        p.update_ver,
+                        r.chain_ver,
+                        p.length,
+                        p.checksum,
+                        p.block_crcs,
+                        p.file,
+                        p.update_ver,
+                    )
                     self._metas[key] = new
                 self._used += (new.length if new else 0) - (old.length if old else 0)
                 r.meta = new
@@ -757,7 +851,9 @@ class FileChunkEngine(ChunkEngine):
         finally:
             os.close(fd)
         if len(buf) != stop - start:
-            raise FsError(Code.CHECKSUM_MISMATCH, f"chunk {key}: data file truncated", retryable=False)
+            raise FsError(
+                Code.CHECKSUM_MISMATCH, f"chunk {key}: data file truncated", retryable=False
+            )
         blocks = _unpack_crcs(meta.block_crcs)
         mv = memoryview(buf)
         for i in range(start // bs, -(-stop // bs)):
@@ -765,13 +861,17 @@ class FileChunkEngine(ChunkEngine):
             got = crc32c(mv[lo : lo + bs])
             if i >= len(blocks) or got != blocks[i]:
                 raise FsError(
-                    Code.CHECKSUM_MISMATCH, f"chunk {key}: checksum mismatch in block {i}", retryable=False
+                    Code.CHECKSUM_MISMATCH,
+                    f"chunk {key}: checksum mismatch in block {i}",
+                    retryable=False,
                 )
         if start == offset and stop == end:
             return meta, buf
         return meta, bytes(mv[offset - start : end - start])
 
-    def read_into(self, key: ChunkKey, offset: int, length: int, dest: memoryview) -> tuple[ChunkMeta, int] | None:
+    def read_into(
+        self, key: ChunkKey, offset: int, length: int, dest: memoryview
+    ) -> tuple[ChunkMeta, int] | None:
         """Read committed bytes [offset, offset+length) straight into ``dest``, verified in place.
 
         The zero-copy read path (shm destinations, i.e. USRBIO): ``preadv`` lands
@@ -797,7 +897,11 @@ class FileChunkEngine(ChunkEngine):
         try:
             fd = os.open(self._path(meta.file), os.O_RDONLY)
         except FileNotFoundError:
-            return self.read_into(key, offset, length, dest) if self.get(key) != meta else self._missing(meta)
+            return (
+                self.read_into(key, offset, length, dest)
+                if self.get(key) != meta
+                else self._missing(meta)
+            )
         except OSError as e:
             raise _os_error(e, f"open chunk {key}") from None
         n = end - offset
@@ -814,20 +918,26 @@ class FileChunkEngine(ChunkEngine):
         finally:
             os.close(fd)
         if done != n:
-            raise FsError(Code.CHECKSUM_MISMATCH, f"chunk {key}: data file truncated", retryable=False)
+            raise FsError(
+                Code.CHECKSUM_MISMATCH, f"chunk {key}: data file truncated", retryable=False
+            )
         blocks = _unpack_crcs(meta.block_crcs)
         first = offset // bs
         for i in range(first, -(-end // bs)):
             lo = (i - first) * bs
             if i >= len(blocks) or crc32c(view[lo : lo + bs]) != blocks[i]:
                 raise FsError(
-                    Code.CHECKSUM_MISMATCH, f"chunk {key}: checksum mismatch in block {i}", retryable=False
+                    Code.CHECKSUM_MISMATCH,
+                    f"chunk {key}: checksum mismatch in block {i}",
+                    retryable=False,
                 )
         return meta, n
 
     @staticmethod
     def _missing(meta: ChunkMeta) -> NoReturn:
-        raise FsError(Code.CHECKSUM_MISMATCH, f"chunk {meta.key}: data file missing", retryable=False)
+        raise FsError(
+            Code.CHECKSUM_MISMATCH, f"chunk {meta.key}: data file missing", retryable=False
+        )
 
     def read_pending_full(self, key: ChunkKey) -> bytes:
         p = self.pending(key)
@@ -835,14 +945,21 @@ class FileChunkEngine(ChunkEngine):
             raise FsError(Code.INTERNAL, f"chunk {key}: no staged content")
         data = self._read_file(p.file, 0, p.length)
         if len(data) != p.length or crc32c(data) != p.checksum:
-            raise FsError(Code.CHECKSUM_MISMATCH, f"chunk {key}: staged content does not match its checksum")
+            raise FsError(
+                Code.CHECKSUM_MISMATCH, f"chunk {key}: staged content does not match its checksum"
+            )
         return data
 
     def install(self, meta: ChunkMeta, data: bytes | bytearray | memoryview) -> ChunkMeta:
         """Install ``data`` as the committed version ``meta.commit_ver`` (resync, repair)."""
         p = self.stage_write(
-            meta.key, 0, data, update_ver=meta.commit_ver, chain_ver=meta.chain_ver,
-            chunk_size=max(len(data), 1), replace_all=True,
+            meta.key,
+            0,
+            data,
+            update_ver=meta.commit_ver,
+            chain_ver=meta.chain_ver,
+            chunk_size=max(len(data), 1),
+            replace_all=True,
         )
         out = self.commit(p)
         assert out is not None

@@ -62,7 +62,9 @@ class PayloadIO(Protocol):
 
     async def fetch(self, ref: transport_pb2.DataRef) -> bytes | bytearray | memoryview: ...
 
-    async def deliver_bytes(self, ref: transport_pb2.DataRef, data: bytes | bytearray | memoryview) -> object: ...
+    async def deliver_bytes(
+        self, ref: transport_pb2.DataRef, data: bytes | bytearray | memoryview
+    ) -> object: ...
 
 
 class InlinePayloadIO:
@@ -71,11 +73,17 @@ class InlinePayloadIO:
     async def fetch(self, ref: transport_pb2.DataRef) -> bytes | bytearray | memoryview:
         kind = ref.WhichOneof("kind") or "inline"
         if kind != "inline":
-            raise FsError(Code.TRANSPORT, f"{kind} transport not available on this node", retryable=False)
+            raise FsError(
+                Code.TRANSPORT, f"{kind} transport not available on this node", retryable=False
+            )
         return ref.inline
 
-    async def deliver_bytes(self, ref: transport_pb2.DataRef, data: bytes | bytearray | memoryview) -> object:
-        raise FsError(Code.TRANSPORT, "only inline reads are available on this node", retryable=False)
+    async def deliver_bytes(
+        self, ref: transport_pb2.DataRef, data: bytes | bytearray | memoryview
+    ) -> object:
+        raise FsError(
+            Code.TRANSPORT, "only inline reads are available on this node", retryable=False
+        )
 
 
 def is_inline(ref: transport_pb2.DataRef) -> bool:
@@ -117,7 +125,10 @@ class UpdateChannels:
         self.hits = 0
 
     async def run(
-        self, tag: storage_pb2.UpdateTag, chain_id: int, fn: Callable[[], Awaitable[storage_pb2.IOResult]]
+        self,
+        tag: storage_pb2.UpdateTag,
+        chain_id: int,
+        fn: Callable[[], Awaitable[storage_pb2.IOResult]],
     ) -> storage_pb2.IOResult:
         if not tag.client_id or not tag.channel_id:
             return await fn()
@@ -126,7 +137,8 @@ class UpdateChannels:
             e = self._entries.get(key)
             if e is not None and tag.seqnum < e.seqnum:
                 raise FsError(
-                    Code.STALE_UPDATE, f"update seq {tag.seqnum} on channel {tag.channel_id} is older than {e.seqnum}",
+                    Code.STALE_UPDATE,
+                    f"update seq {tag.seqnum} on channel {tag.channel_id} is older than {e.seqnum}",
                     retryable=False,
                 )
             if e is not None and tag.seqnum == e.seqnum:
@@ -153,7 +165,9 @@ class UpdateChannels:
         except BaseException as exc:
             entry.running = None
             if not fut.done():
-                fut.set_exception(exc if isinstance(exc, Exception) else FsError(Code.CANCELLED, "cancelled"))
+                fut.set_exception(
+                    exc if isinstance(exc, Exception) else FsError(Code.CANCELLED, "cancelled")
+                )
                 fut.exception()  # mark retrieved
             raise
         entry.result, entry.running = res, None
@@ -162,9 +176,13 @@ class UpdateChannels:
         return res
 
 
-def io_result(meta: ChunkMeta | None, *, written: int | None = None, update_ver: int = 0) -> storage_pb2.IOResult:
+def io_result(
+    meta: ChunkMeta | None, *, written: int | None = None, update_ver: int = 0
+) -> storage_pb2.IOResult:
     if meta is None:
-        return storage_pb2.IOResult(length=written or 0, commit_ver=update_ver, update_ver=update_ver)
+        return storage_pb2.IOResult(
+            length=written or 0, commit_ver=update_ver, update_ver=update_ver
+        )
     return storage_pb2.IOResult(
         length=meta.length if written is None else written,
         commit_ver=meta.commit_ver,
@@ -237,10 +255,15 @@ class Replicator:
 
     def check_head(self, t: StorageTarget) -> None:
         if not t.serving or t.public_state != SERVING:
-            raise FsError(Code.TARGET_NOT_SERVING, f"target {t.target_id} is not serving (chain {t.chain_id})")
+            raise FsError(
+                Code.TARGET_NOT_SERVING, f"target {t.target_id} is not serving (chain {t.chain_id})"
+            )
         head = self.targets.routing.head(t.chain_id)
         if head != t.target_id:
-            raise FsError(Code.NOT_HEAD, f"target {t.target_id} is not the head of chain {t.chain_id} (head {head})")
+            raise FsError(
+                Code.NOT_HEAD,
+                f"target {t.target_id} is not the head of chain {t.chain_id} (head {head})",
+            )
 
     @staticmethod
     def validate(io: storage_pb2.UpdateIO) -> ChunkKey:
@@ -266,7 +289,9 @@ class Replicator:
         if got != io.checksum:
             M.CHECKSUM_ERRORS.labels(str(io.chain_id), "payload").inc()
             raise FsError(
-                Code.CHECKSUM_MISMATCH, f"payload checksum {got:#010x} != {io.checksum:#010x}", retryable=False
+                Code.CHECKSUM_MISMATCH,
+                f"payload checksum {got:#010x} != {io.checksum:#010x}",
+                retryable=False,
             )
         return data
 
@@ -284,7 +309,9 @@ class Replicator:
         op = _TYPES[io.type]
         started = time.perf_counter()
         try:
-            res = await self.channels.run(tag, io.chain_id, lambda: self._head_update(t, key, io, tag, data))
+            res = await self.channels.run(
+                tag, io.chain_id, lambda: self._head_update(t, key, io, tag, data)
+            )
         except FsError as e:
             M.OPS.labels(str(t.target_id), op, e.code.name).inc()
             raise
@@ -294,7 +321,11 @@ class Replicator:
         return res
 
     async def _head_update(
-        self, t: StorageTarget, key: ChunkKey, io: storage_pb2.UpdateIO, tag: storage_pb2.UpdateTag,
+        self,
+        t: StorageTarget,
+        key: ChunkKey,
+        io: storage_pb2.UpdateIO,
+        tag: storage_pb2.UpdateTag,
         data: bytes | bytearray | memoryview,
     ) -> storage_pb2.IOResult:
         tag_t = (tag.client_id, tag.channel_id, tag.seqnum) if tag.channel_id else None
@@ -324,8 +355,13 @@ class Replicator:
 
     def _check_low_space(self, t: StorageTarget) -> None:
         sp = t.engine.space()
-        if sp.capacity_bytes and (1 - sp.free_bytes / sp.capacity_bytes) >= self.cfg.low_space_ratio:
-            raise FsError(Code.NO_SPACE, f"target {t.target_id} is full: refusing new chunks", retryable=False)
+        if (
+            sp.capacity_bytes
+            and (1 - sp.free_bytes / sp.capacity_bytes) >= self.cfg.low_space_ratio
+        ):
+            raise FsError(
+                Code.NO_SPACE, f"target {t.target_id} is full: refusing new chunks", retryable=False
+            )
 
     async def successor_update(self, req: storage_pb2.UpdateRequest) -> storage_pb2.IOResult:
         """An update forwarded by our predecessor (or a resync transfer)."""
@@ -334,9 +370,13 @@ class Replicator:
         t = self.targets.resolve(io.chain_id, req.to_target_id)
         self.check_version(t, io.chain_version)
         if t.fenced or t.local_state == L_OFFLINE or t.public_state not in (SERVING, SYNCING):
-            raise FsError(Code.TARGET_NOT_SERVING, f"target {t.target_id} does not take updates now")
+            raise FsError(
+                Code.TARGET_NOT_SERVING, f"target {t.target_id} does not take updates now"
+            )
         if t.public_state == SYNCING and not req.is_syncing and io.type != REMOVE:
-            raise FsError(Code.TARGET_NOT_SERVING, f"target {t.target_id} is syncing: only full-chunk updates")
+            raise FsError(
+                Code.TARGET_NOT_SERVING, f"target {t.target_id} is syncing: only full-chunk updates"
+            )
         data = await self.fetch_payload(io)
         eng = t.engine
         async with t.locks.hold(key):
@@ -353,7 +393,9 @@ class Replicator:
                         Code.MISSING_UPDATE,
                         f"chunk {key} on target {t.target_id}: update {io.update_ver} after committed {cv}",
                     )
-            p = await self.stage(t, key, io, data, io.update_ver, io.chain_version, replace_all=full)
+            p = await self.stage(
+                t, key, io, data, io.update_ver, io.chain_version, replace_all=full
+            )
             if req.is_syncing:
                 # A syncing receiver installs the predecessor's version as committed.
                 new = await self.run_blocking(eng.commit, p, io.chain_version)
@@ -364,8 +406,15 @@ class Replicator:
     # ------------------------------------------------------------------ steps
 
     async def stage(
-        self, t: StorageTarget, key: ChunkKey, io: storage_pb2.UpdateIO, data: bytes | bytearray | memoryview,
-        update_ver: int, chain_ver: int, *, replace_all: bool = False,
+        self,
+        t: StorageTarget,
+        key: ChunkKey,
+        io: storage_pb2.UpdateIO,
+        data: bytes | bytearray | memoryview,
+        update_ver: int,
+        chain_ver: int,
+        *,
+        replace_all: bool = False,
     ) -> PendingUpdate:
         """Stage the update locally.
 
@@ -380,19 +429,39 @@ class Replicator:
             except FsError:
                 defer = False
             return await self.run_blocking(
-                eng.stage_write, key, io.offset, data, update_ver=update_ver, chain_ver=chain_ver,
-                chunk_size=io.chunk_size, replace_all=replace_all, checksum=io.checksum, sync=not defer,
+                eng.stage_write,
+                key,
+                io.offset,
+                data,
+                update_ver=update_ver,
+                chain_ver=chain_ver,
+                chunk_size=io.chunk_size,
+                replace_all=replace_all,
+                checksum=io.checksum,
+                sync=not defer,
             )
         if io.type in (TRUNCATE, EXTEND):
             return await self.run_blocking(
-                eng.stage_truncate, key, io.length, update_ver=update_ver, chain_ver=chain_ver,
-                chunk_size=io.chunk_size, only_extend=io.type == EXTEND,
+                eng.stage_truncate,
+                key,
+                io.length,
+                update_ver=update_ver,
+                chain_ver=chain_ver,
+                chunk_size=io.chunk_size,
+                only_extend=io.type == EXTEND,
             )
-        return await self.run_blocking(eng.stage_remove, key, update_ver=update_ver, chain_ver=chain_ver)
+        return await self.run_blocking(
+            eng.stage_remove, key, update_ver=update_ver, chain_ver=chain_ver
+        )
 
     async def forward_and_commit(
-        self, t: StorageTarget, p: PendingUpdate, io: storage_pb2.UpdateIO | None,
-        data: bytes | bytearray | memoryview, *, redrive: bool = False,
+        self,
+        t: StorageTarget,
+        p: PendingUpdate,
+        io: storage_pb2.UpdateIO | None,
+        data: bytes | bytearray | memoryview,
+        *,
+        redrive: bool = False,
     ) -> storage_pb2.IOResult:
         """Forward ``p`` to the successor (retrying across chain changes), then commit it.
 
@@ -416,7 +485,9 @@ class Replicator:
                 if not sync.cancelled():
                     sync.exception()  # retrieved (reported by _wait_sync where it matters)
 
-    async def _wait_sync(self, t: StorageTarget, sync: asyncio.Future[None] | None, *, quiet: bool = False) -> None:
+    async def _wait_sync(
+        self, t: StorageTarget, sync: asyncio.Future[None] | None, *, quiet: bool = False
+    ) -> None:
         if sync is None:
             return
         try:
@@ -428,15 +499,24 @@ class Replicator:
                 raise
 
     async def _forward_and_commit(
-        self, t: StorageTarget, p: PendingUpdate, io: storage_pb2.UpdateIO | None,
-        data: bytes | bytearray | memoryview, *, redrive: bool, sync: asyncio.Future[None] | None,
+        self,
+        t: StorageTarget,
+        p: PendingUpdate,
+        io: storage_pb2.UpdateIO | None,
+        data: bytes | bytearray | memoryview,
+        *,
+        redrive: bool,
+        sync: asyncio.Future[None] | None,
     ) -> storage_pb2.IOResult:
         deadline = time.monotonic() + self.cfg.forward_retry_s
         delay = 0.1
         while True:
             routing = self.targets.routing
             if t.public_state not in (SERVING, SYNCING) or t.fenced:
-                raise FsError(Code.TARGET_NOT_SERVING, f"target {t.target_id} left the write path of chain {t.chain_id}")
+                raise FsError(
+                    Code.TARGET_NOT_SERVING,
+                    f"target {t.target_id} left the write path of chain {t.chain_id}",
+                )
             try:
                 succ = routing.successor(t.chain_id, t.target_id)
             except FsError as e:
@@ -460,7 +540,10 @@ class Replicator:
                 M.FORWARD_RETRIES.labels(str(t.target_id)).inc()
                 log.info(
                     "forward chunk %s of chain %d to target %d failed (%s); retrying",
-                    p.key, t.chain_id, succ, e,
+                    p.key,
+                    t.chain_id,
+                    succ,
+                    e,
                 )
                 self.refresh_routing()
                 await asyncio.sleep(delay)
@@ -479,14 +562,22 @@ class Replicator:
         return io_result(meta, update_ver=p.update_ver)
 
     async def _send(
-        self, t: StorageTarget, succ: int, p: PendingUpdate, io: storage_pb2.UpdateIO | None,
-        data: bytes | bytearray | memoryview, *, full: bool,
+        self,
+        t: StorageTarget,
+        succ: int,
+        p: PendingUpdate,
+        io: storage_pb2.UpdateIO | None,
+        data: bytes | bytearray | memoryview,
+        *,
+        full: bool,
     ) -> storage_pb2.IOResult:
         routing = self.targets.routing
         node = routing.node_of_target(succ)
         syncing = routing.target_state(t.chain_id, succ) == SYNCING
         fio = storage_pb2.UpdateIO(
-            chain_id=t.chain_id, chain_version=t.chain_version, update_ver=p.update_ver,
+            chain_id=t.chain_id,
+            chain_version=t.chain_version,
+            update_ver=p.update_ver,
         )
         fio.chunk.inode, fio.chunk.index = p.key.inode, p.key.index
         payload: bytes | bytearray | memoryview | None = None
@@ -501,18 +592,35 @@ class Replicator:
             fio.full_chunk = True
             payload = content
         else:
-            fio.type, fio.offset, fio.length, fio.chunk_size = io.type, io.offset, io.length, io.chunk_size
+            fio.type, fio.offset, fio.length, fio.chunk_size = (
+                io.type,
+                io.offset,
+                io.length,
+                io.chunk_size,
+            )
             fio.checksum = io.checksum
             if io.type == WRITE:
                 payload = data
         return await self.send_update(
-            node.address, node.data_address, fio, payload, is_syncing=syncing, from_target=t.target_id,
+            node.address,
+            node.data_address,
+            fio,
+            payload,
+            is_syncing=syncing,
+            from_target=t.target_id,
             to_target=succ,
         )
 
     async def send_update(
-        self, address: str, data_address: str, fio: storage_pb2.UpdateIO,
-        payload: bytes | bytearray | memoryview | None, *, is_syncing: bool, from_target: int, to_target: int,
+        self,
+        address: str,
+        data_address: str,
+        fio: storage_pb2.UpdateIO,
+        payload: bytes | bytearray | memoryview | None,
+        *,
+        is_syncing: bool,
+        from_target: int,
+        to_target: int,
     ) -> storage_pb2.IOResult:
         """One ``Update`` RPC to a successor, the payload through the forwarding transport."""
         sent: Awaitable[None] | None = None
@@ -523,10 +631,15 @@ class Replicator:
             else:
                 fio.data.inline = bytes(payload)
         req = storage_pb2.UpdateRequest(
-            io=fio, is_syncing=is_syncing, from_target_id=from_target, to_target_id=to_target,
+            io=fio,
+            is_syncing=is_syncing,
+            from_target_id=from_target,
+            to_target_id=to_target,
         )
         resp = await call(
-            self.peers.stub(address).Update, req, timeout=self.cfg.forward_timeout_s,
+            self.peers.stub(address).Update,
+            req,
+            timeout=self.cfg.forward_timeout_s,
             what=f"Update@target{to_target}",
         )
         if sent is not None:

@@ -35,7 +35,9 @@ BATCH_READ_MAX_BYTES = 64 << 10  # only reads up to this size share a BatchRead
 class RoutingSource:
     """Anything with ``async get_routing(known_version)`` (a ``MgmtdClient``)."""
 
-    async def get_routing(self, known_version: int = 0) -> mgmtd_pb2.RoutingInfo | None:  # pragma: no cover
+    async def get_routing(
+        self, known_version: int = 0
+    ) -> mgmtd_pb2.RoutingInfo | None:  # pragma: no cover
         raise NotImplementedError
 
 
@@ -60,7 +62,9 @@ class DirectStorageClient:
     ) -> None:
         self.mgmtd = mgmtd
         self.client_id = client_id or f"direct-{uuid.uuid4().hex[:12]}"
-        self.transport = client_transport(transport, self.client_id) if isinstance(transport, str) else transport
+        self.transport = (
+            client_transport(transport, self.client_id) if isinstance(transport, str) else transport
+        )
         self.retry_deadline_s = retry_deadline_s
         self.rpc_timeout_s = rpc_timeout_s
         self.routing = Routing.empty()
@@ -131,7 +135,9 @@ class DirectStorageClient:
         """One replicated chunk update through the chain head (exactly once across retries)."""
         mv = memoryview(data)
         tag = storage_pb2.UpdateTag(
-            client_id=self.client_id, request_id=next(self._seq), channel_id=next(self._channels),
+            client_id=self.client_id,
+            request_id=next(self._seq),
+            channel_id=next(self._channels),
             seqnum=next(self._seq),
         )
         checksum = crc32c(mv) if type == storage_pb2.UPDATE_WRITE else 0
@@ -143,9 +149,13 @@ class DirectStorageClient:
                 raise FsError(Code.TARGET_NOT_SERVING, f"chain {chain_id} has no serving target")
             node = r.node_of_target(head)
             io = storage_pb2.UpdateIO(
-                chain_id=chain_id, chain_version=r.chain_version(chain_id), type=type,  # type: ignore[arg-type]
+                chain_id=chain_id,
+                chain_version=r.chain_version(chain_id),
+                type=type,  # type: ignore[arg-type]
                 offset=offset,
-                length=len(mv) if length is None else length, chunk_size=chunk_size, checksum=checksum,
+                length=len(mv) if length is None else length,
+                chunk_size=chunk_size,
+                checksum=checksum,
             )
             io.chunk.inode, io.chunk.index = inode, index
             sent: Any = None
@@ -153,8 +163,10 @@ class DirectStorageClient:
                 ref, sent = await self.transport.write_ref(node.address, node.data_address, mv)
                 io.data.CopyFrom(ref)
             resp = await call(
-                self.stub(node.address).Write, storage_pb2.WriteRequest(io=io, tag=tag, target_id=head),
-                timeout=self.rpc_timeout_s, what=f"Write@{node.address}",
+                self.stub(node.address).Write,
+                storage_pb2.WriteRequest(io=io, tag=tag, target_id=head),
+                timeout=self.rpc_timeout_s,
+                what=f"Write@{node.address}",
             )
             if sent is not None:
                 await sent
@@ -162,14 +174,30 @@ class DirectStorageClient:
 
         return await self._retry("write", attempt)
 
-    async def write(self, chain_id: int, inode: int, index: int, offset: int, data: bytes | bytearray | memoryview,
-                    chunk_size: int = 1 << 20) -> storage_pb2.IOResult:
-        return await self.update(chain_id, inode, index, offset=offset, data=data, chunk_size=chunk_size)
+    async def write(
+        self,
+        chain_id: int,
+        inode: int,
+        index: int,
+        offset: int,
+        data: bytes | bytearray | memoryview,
+        chunk_size: int = 1 << 20,
+    ) -> storage_pb2.IOResult:
+        return await self.update(
+            chain_id, inode, index, offset=offset, data=data, chunk_size=chunk_size
+        )
 
     # ------------------------------------------------------------------ reads
 
     async def read(
-        self, chain_id: int, inode: int, index: int, offset: int, length: int, *, target_id: int = 0,
+        self,
+        chain_id: int,
+        inode: int,
+        index: int,
+        offset: int,
+        length: int,
+        *,
+        target_id: int = 0,
         into: memoryview | None = None,
     ) -> tuple[bytes | memoryview, storage_pb2.ReadResult]:
         """Read committed bytes from ``target_id`` (0: a random serving replica).
@@ -184,12 +212,19 @@ class DirectStorageClient:
             if not tid:
                 serving = r.serving_targets(chain_id)
                 if not serving:
-                    raise FsError(Code.TARGET_NOT_SERVING, f"chain {chain_id} has no serving target")
+                    raise FsError(
+                        Code.TARGET_NOT_SERVING, f"chain {chain_id} has no serving target"
+                    )
                 tid = self._rng.choice(serving)
             node = r.node_of_target(tid)
-            ref, complete = await self.transport.read_ref(node.address, node.data_address, dest[:length])
+            ref, complete = await self.transport.read_ref(
+                node.address, node.data_address, dest[:length]
+            )
             rio = storage_pb2.ReadIO(
-                chain_id=chain_id, chain_version=r.chain_version(chain_id), offset=offset, length=length,
+                chain_id=chain_id,
+                chain_version=r.chain_version(chain_id),
+                offset=offset,
+                length=length,
                 target_id=tid,
             )
             rio.chunk.inode, rio.chunk.index = inode, index
@@ -229,12 +264,16 @@ class DirectStorageClient:
     def _flush_reads(self, address: str) -> None:
         q = self._read_queues.pop(address, [])
         for i in range(0, len(q), MAX_BATCH_READS):
-            task = asyncio.get_running_loop().create_task(self._send_reads(address, q[i : i + MAX_BATCH_READS]))
+            task = asyncio.get_running_loop().create_task(
+                self._send_reads(address, q[i : i + MAX_BATCH_READS])
+            )
             self._bg.add(task)
             task.add_done_callback(self._bg.discard)
 
     async def _send_reads(
-        self, address: str, batch: list[tuple[storage_pb2.ReadIO, asyncio.Future[storage_pb2.ReadResult]]]
+        self,
+        address: str,
+        batch: list[tuple[storage_pb2.ReadIO, asyncio.Future[storage_pb2.ReadResult]]],
     ) -> None:
         live = [(r, f) for r, f in batch if not f.done()]
         if not live:
@@ -243,12 +282,20 @@ class DirectStorageClient:
             resp = await call(
                 self.stub(address).BatchRead,
                 storage_pb2.BatchReadRequest(ios=[r for r, _ in live], client_id=self.client_id),
-                timeout=self.rpc_timeout_s, what=f"BatchRead@{address}",
+                timeout=self.rpc_timeout_s,
+                what=f"BatchRead@{address}",
             )
             if len(resp.results) != len(live):
-                raise FsError(Code.INTERNAL, f"BatchRead@{address}: {len(resp.results)} results for {len(live)} reads")
+                raise FsError(
+                    Code.INTERNAL,
+                    f"BatchRead@{address}: {len(resp.results)} results for {len(live)} reads",
+                )
         except BaseException as e:
-            err = e if isinstance(e, FsError) else FsError(Code.CANCELLED, f"BatchRead@{address}: {e!r}")
+            err = (
+                e
+                if isinstance(e, FsError)
+                else FsError(Code.CANCELLED, f"BatchRead@{address}: {e!r}")
+            )
             for _, f in live:
                 if not f.done():
                     f.set_exception(err)
@@ -266,7 +313,8 @@ class DirectStorageClient:
             await self.refresh()
         node = self.routing.node_of_target(target_id)
         resp = await call(
-            self.stub(node.address).ListChunks, storage_pb2.ListChunksRequest(target_id=target_id),
+            self.stub(node.address).ListChunks,
+            storage_pb2.ListChunksRequest(target_id=target_id),
             timeout=self.rpc_timeout_s,
         )
         return list(resp.metas)
@@ -278,10 +326,13 @@ class DirectStorageClient:
             if not serving:
                 raise FsError(Code.TARGET_NOT_SERVING, f"chain {chain_id} has no serving target")
             node = r.node_of_target(serving[0])
-            op = storage_pb2.QueryLastChunkOp(chain_id=chain_id, chain_version=r.chain_version(chain_id))
+            op = storage_pb2.QueryLastChunkOp(
+                chain_id=chain_id, chain_version=r.chain_version(chain_id)
+            )
             op.range.inode = inode
             resp = await call(
-                self.stub(node.address).QueryLastChunk, storage_pb2.QueryLastChunkRequest(ops=[op]),
+                self.stub(node.address).QueryLastChunk,
+                storage_pb2.QueryLastChunkRequest(ops=[op]),
                 timeout=self.rpc_timeout_s,
             )
             res = resp.results[0]
@@ -294,16 +345,22 @@ class DirectStorageClient:
     async def remove_chunks(self, chain_id: int, inode: int, begin: int = 0, end: int = 0) -> int:
         total = 0
         while True:
+
             async def attempt() -> storage_pb2.RemoveChunksResult:
                 r = self.routing
                 head = r.head(chain_id)
                 if head is None:
-                    raise FsError(Code.TARGET_NOT_SERVING, f"chain {chain_id} has no serving target")
+                    raise FsError(
+                        Code.TARGET_NOT_SERVING, f"chain {chain_id} has no serving target"
+                    )
                 node = r.node_of_target(head)
-                op = storage_pb2.RemoveChunksOp(chain_id=chain_id, chain_version=r.chain_version(chain_id))
+                op = storage_pb2.RemoveChunksOp(
+                    chain_id=chain_id, chain_version=r.chain_version(chain_id)
+                )
                 op.range.inode, op.range.begin, op.range.end = inode, begin, end
                 resp = await call(
-                    self.stub(node.address).RemoveChunks, storage_pb2.RemoveChunksRequest(ops=[op]),
+                    self.stub(node.address).RemoveChunks,
+                    storage_pb2.RemoveChunksRequest(ops=[op]),
                     timeout=self.rpc_timeout_s,
                 )
                 res = resp.results[0]

@@ -35,13 +35,19 @@ _ALL = 0xFFFFFFFF
 
 
 def error_detail(e: FsError) -> common_pb2.ErrorDetail:
-    return common_pb2.ErrorDetail(code=int(e.code), errno=e.errno, message=e.message, retryable=e.retryable)
+    return common_pb2.ErrorDetail(
+        code=int(e.code), errno=e.errno, message=e.message, retryable=e.retryable
+    )
 
 
 def chunk_meta_pb(m: ChunkMeta) -> storage_pb2.ChunkMeta:
     out = storage_pb2.ChunkMeta(
-        commit_ver=m.commit_ver, update_ver=m.update_ver, chain_ver=m.chain_ver, length=m.length,
-        checksum=m.checksum, uncommitted=m.uncommitted,
+        commit_ver=m.commit_ver,
+        update_ver=m.update_ver,
+        chain_ver=m.chain_ver,
+        length=m.length,
+        checksum=m.checksum,
+        uncommitted=m.uncommitted,
     )
     out.chunk.inode, out.chunk.index = m.key.inode, m.key.index
     return out
@@ -83,12 +89,17 @@ class StorageOperator:
         res = await self.rep.successor_update(req)
         return storage_pb2.UpdateResponse(result=res)
 
-    async def truncate_chunks(self, req: storage_pb2.TruncateChunksRequest) -> storage_pb2.TruncateChunksResponse:
+    async def truncate_chunks(
+        self, req: storage_pb2.TruncateChunksRequest
+    ) -> storage_pb2.TruncateChunksResponse:
         out = storage_pb2.TruncateChunksResponse()
         for op in req.ops:
             io = storage_pb2.UpdateIO(
-                chain_id=op.chain_id, chain_version=op.chain_version, type=EXTEND if op.only_extend else TRUNCATE,
-                length=op.length, chunk_size=op.chunk_size,
+                chain_id=op.chain_id,
+                chain_version=op.chain_version,
+                type=EXTEND if op.only_extend else TRUNCATE,
+                length=op.length,
+                chunk_size=op.chunk_size,
             )
             io.chunk.CopyFrom(op.chunk)
             r = out.results.add()
@@ -98,7 +109,9 @@ class StorageOperator:
                 r.error.CopyFrom(error_detail(e))
         return out
 
-    async def remove_chunks(self, req: storage_pb2.RemoveChunksRequest) -> storage_pb2.RemoveChunksResponse:
+    async def remove_chunks(
+        self, req: storage_pb2.RemoveChunksRequest
+    ) -> storage_pb2.RemoveChunksResponse:
         out = storage_pb2.RemoveChunksResponse()
         for op in req.ops:
             r = out.results.add()
@@ -118,7 +131,9 @@ class StorageOperator:
         metas = t.engine.list(rg.inode, rg.begin, end)
         removed = 0
         for m in metas[:limit]:
-            io = storage_pb2.UpdateIO(chain_id=op.chain_id, chain_version=op.chain_version, type=REMOVE)
+            io = storage_pb2.UpdateIO(
+                chain_id=op.chain_id, chain_version=op.chain_version, type=REMOVE
+            )
             io.chunk.inode, io.chunk.index = m.key.inode, m.key.index
             await self.rep.client_update(io, storage_pb2.UpdateTag())
             removed += 1
@@ -150,8 +165,11 @@ class StorageOperator:
                 if direct is not None:
                     meta, n, checksum = direct
                     res = storage_pb2.ReadResult(
-                        length=n, commit_ver=meta.commit_ver, checksum=checksum,
-                        chunk_length=meta.length, chunk_checksum=meta.checksum,
+                        length=n,
+                        commit_ver=meta.commit_ver,
+                        checksum=checksum,
+                        chunk_length=meta.length,
+                        chunk_checksum=meta.checksum,
                     )
                     self._count_read(t, n, started)
                     return res
@@ -163,15 +181,20 @@ class StorageOperator:
                         self.rep.note_disk_error(t.engine.read, e)
                         raise
                 else:
-                    meta, data = await self.rep.run_blocking(t.engine.read, key, io.offset, io.length)
+                    meta, data = await self.rep.run_blocking(
+                        t.engine.read, key, io.offset, io.length
+                    )
             except FsError as e:
                 if e.code == Code.CHECKSUM_MISMATCH:
                     self._on_corruption(t, key, e.message)
                 raise
             whole = io.offset == 0 and len(data) == meta.length  # its CRC is known: skip a pass
             res = storage_pb2.ReadResult(
-                length=len(data), commit_ver=meta.commit_ver, checksum=meta.checksum if whole else crc32c(data),
-                chunk_length=meta.length, chunk_checksum=meta.checksum,
+                length=len(data),
+                commit_ver=meta.commit_ver,
+                checksum=meta.checksum if whole else crc32c(data),
+                chunk_length=meta.length,
+                chunk_checksum=meta.checksum,
             )
             if is_inline(io.dest):
                 res.data = bytes(data)
@@ -216,7 +239,9 @@ class StorageOperator:
                     self.rep.note_disk_error(t.engine.read_into, e)
                     raise
             else:
-                got = await self.rep.run_blocking(t.engine.read_into, key, io.offset, io.length, view)
+                got = await self.rep.run_blocking(
+                    t.engine.read_into, key, io.offset, io.length, view
+                )
             if got is None:
                 return None
             meta, n = got
@@ -224,7 +249,9 @@ class StorageOperator:
             checksum = meta.checksum if io.offset == 0 and n == meta.length else crc32c(view[:n])
             return meta, n, checksum
         finally:
-            with contextlib.suppress(BufferError):  # a cancelled worker may still hold it; GC frees it
+            with contextlib.suppress(
+                BufferError
+            ):  # a cancelled worker may still hold it; GC frees it
                 view.release()
 
     # ------------------------------------------------------------------ corruption
@@ -232,7 +259,14 @@ class StorageOperator:
     def _on_corruption(self, t: StorageTarget, key: ChunkKey, detail: str) -> None:
         t.error_count += 1
         M.CHECKSUM_ERRORS.labels(str(t.target_id), "read").inc()
-        event(log, "checksum mismatch", level=logging.WARNING, target=t.target_id, chunk=str(key), detail=detail)
+        event(
+            log,
+            "checksum mismatch",
+            level=logging.WARNING,
+            target=t.target_id,
+            chunk=str(key),
+            detail=detail,
+        )
         if (t.target_id, key) in self._repairs:
             return
         task = asyncio.create_task(self._repair(t, key, detail))
@@ -263,13 +297,19 @@ class StorageOperator:
         for other in others:
             node = routing.node_of_target(other)
             rio = storage_pb2.ReadIO(
-                chain_id=t.chain_id, chain_version=t.chain_version, offset=0, length=_ALL, target_id=other,
+                chain_id=t.chain_id,
+                chain_version=t.chain_version,
+                offset=0,
+                length=_ALL,
+                target_id=other,
             )
             rio.chunk.inode, rio.chunk.index = key.inode, key.index
             rio.dest.inline = b""
             resp = await call(
-                self.rep.peers.stub(node.address).BatchRead, storage_pb2.BatchReadRequest(ios=[rio]),
-                timeout=self.rep.cfg.forward_timeout_s, what=f"BatchRead@target{other}",
+                self.rep.peers.stub(node.address).BatchRead,
+                storage_pb2.BatchReadRequest(ios=[rio]),
+                timeout=self.rep.cfg.forward_timeout_s,
+                what=f"BatchRead@target{other}",
             )
             r = resp.results[0]
             if r.error.code:
@@ -287,7 +327,9 @@ class StorageOperator:
 
     # ------------------------------------------------------------------ queries
 
-    async def query_last_chunk(self, req: storage_pb2.QueryLastChunkRequest) -> storage_pb2.QueryLastChunkResponse:
+    async def query_last_chunk(
+        self, req: storage_pb2.QueryLastChunkRequest
+    ) -> storage_pb2.QueryLastChunkResponse:
         out = storage_pb2.QueryLastChunkResponse()
         for op in req.ops:
             r = out.results.add()
@@ -306,7 +348,9 @@ class StorageOperator:
                 r.error.CopyFrom(error_detail(e))
         return out
 
-    async def list_chunks(self, req: storage_pb2.ListChunksRequest) -> storage_pb2.ListChunksResponse:
+    async def list_chunks(
+        self, req: storage_pb2.ListChunksRequest
+    ) -> storage_pb2.ListChunksResponse:
         if req.target_id:
             t = self.targets.by_id(req.target_id)
         elif req.chain_id:
@@ -316,15 +360,22 @@ class StorageOperator:
         else:
             raise invalid("ListChunks needs target_id or chain_id on a node with several targets")
         metas = t.engine.list(req.inode or None)
-        return storage_pb2.ListChunksResponse(target_id=t.target_id, metas=[chunk_meta_pb(m) for m in metas])
+        return storage_pb2.ListChunksResponse(
+            target_id=t.target_id, metas=[chunk_meta_pb(m) for m in metas]
+        )
 
     async def space_info(self, req: storage_pb2.SpaceInfoRequest) -> storage_pb2.SpaceInfoResponse:
         out = storage_pb2.SpaceInfoResponse()
         for t in self.targets.targets.values():
             sp = t.engine.space()
             out.targets.add(
-                target_id=t.target_id, path=t.path, capacity_bytes=sp.capacity_bytes, free_bytes=sp.free_bytes,
-                used_bytes=sp.used_bytes, chunk_count=sp.chunk_count, chain_id=t.chain_id,
+                target_id=t.target_id,
+                path=t.path,
+                capacity_bytes=sp.capacity_bytes,
+                free_bytes=sp.free_bytes,
+                used_bytes=sp.used_bytes,
+                chunk_count=sp.chunk_count,
+                chain_id=t.chain_id,
                 local_state=t.local_state,  # type: ignore[arg-type]
             )
         return out
@@ -336,14 +387,22 @@ class StorageOperator:
         self.rep.check_version(t, chain_version)
         if t.public_state != SYNCING or t.local_state != L_ONLINE:
             raise FsError(
-                Code.TARGET_NOT_SERVING, f"target {t.target_id} is not syncing (public {t.public_state}, local {t.local_state})"
+                Code.TARGET_NOT_SERVING,
+                f"target {t.target_id} is not syncing (public {t.public_state}, local {t.local_state})",
             )
         return t
 
     async def sync_start(self, req: storage_pb2.SyncStartRequest) -> storage_pb2.SyncStartResponse:
         t = self._syncing_target(req.chain_id, req.chain_version, req.target_id)
         metas = t.engine.list()
-        event(log, "sync start", target=t.target_id, chain=t.chain_id, chunks=len(metas), by=req.from_target_id)
+        event(
+            log,
+            "sync start",
+            target=t.target_id,
+            chain=t.chain_id,
+            chunks=len(metas),
+            by=req.from_target_id,
+        )
         return storage_pb2.SyncStartResponse(metas=[chunk_meta_pb(m) for m in metas])
 
     async def sync_done(self, req: storage_pb2.SyncDoneRequest) -> storage_pb2.SyncDoneResponse:

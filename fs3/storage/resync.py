@@ -62,7 +62,9 @@ class ResyncManager:
             key = (t.chain_id, succ)
             task = self._tasks.get(key)
             if task is None or task.done():
-                self._tasks[key] = asyncio.create_task(self._run(t, succ), name=f"resync-{t.chain_id}-{succ}")
+                self._tasks[key] = asyncio.create_task(
+                    self._run(t, succ), name=f"resync-{t.chain_id}-{succ}"
+                )
 
     async def stop(self) -> None:
         tasks = list(self._tasks.values())
@@ -93,13 +95,25 @@ class ResyncManager:
                 n_rm, n_tx = await self._sync_once(t, succ)
             except FsError as e:
                 M.SYNC_RUNS.labels(str(chain), "error").inc()
-                event(log, "sync failed", level=logging.WARNING, chain=chain, target=succ, error=str(e))
+                event(
+                    log,
+                    "sync failed",
+                    level=logging.WARNING,
+                    chain=chain,
+                    target=succ,
+                    error=str(e),
+                )
                 await asyncio.sleep(self.retry_delay_s)
                 continue
             M.SYNC_RUNS.labels(str(chain), "ok").inc()
             self.completed.append((chain, succ))
             event(
-                log, "sync done", chain=chain, target=succ, removed=n_rm, transferred=n_tx,
+                log,
+                "sync done",
+                chain=chain,
+                target=succ,
+                removed=n_rm,
+                transferred=n_tx,
                 seconds=round(time.monotonic() - started, 3),
             )
             return
@@ -113,8 +127,11 @@ class ResyncManager:
         event(log, "sync start", chain=chain, version=cver, target=succ, node=node.node_id)
         resp = await call(
             stub.SyncStart,
-            storage_pb2.SyncStartRequest(chain_id=chain, chain_version=cver, target_id=succ, from_target_id=t.target_id),
-            timeout=timeout, what=f"SyncStart@target{succ}",
+            storage_pb2.SyncStartRequest(
+                chain_id=chain, chain_version=cver, target_id=succ, from_target_id=t.target_id
+            ),
+            timeout=timeout,
+            what=f"SyncStart@target{succ}",
         )
         remote = {ChunkKey(m.chunk.inode, m.chunk.index): m for m in resp.metas}
         local = {m.key: m for m in t.engine.list()}
@@ -123,7 +140,10 @@ class ResyncManager:
         for k, m in local.items():
             r = remote.get(k)
             if (
-                r is None or r.uncommitted or r.commit_ver != m.commit_ver or r.length != m.length
+                r is None
+                or r.uncommitted
+                or r.commit_ver != m.commit_ver
+                or r.length != m.length
                 or r.checksum != m.checksum
             ):
                 transfers.append(k)
@@ -141,12 +161,17 @@ class ResyncManager:
             raise FsError(Code.CHAIN_VERSION_MISMATCH, f"chain {chain} changed during sync")
         await call(
             stub.SyncDone,
-            storage_pb2.SyncDoneRequest(chain_id=chain, chain_version=cver, target_id=succ, from_target_id=t.target_id),
-            timeout=timeout, what=f"SyncDone@target{succ}",
+            storage_pb2.SyncDoneRequest(
+                chain_id=chain, chain_version=cver, target_id=succ, from_target_id=t.target_id
+            ),
+            timeout=timeout,
+            what=f"SyncDone@target{succ}",
         )
         return len(removes), len(transfers)
 
-    async def _transfer(self, t: StorageTarget, succ: int, k: ChunkKey, remove: bool, cver: int) -> None:
+    async def _transfer(
+        self, t: StorageTarget, succ: int, k: ChunkKey, remove: bool, cver: int
+    ) -> None:
         """Send one chunk (or its removal) as a full-chunk replace, under the chunk lock."""
         if t.chain_version != cver:
             raise FsError(Code.CHAIN_VERSION_MISMATCH, f"chain {t.chain_id} changed during sync")
@@ -170,9 +195,16 @@ class ResyncManager:
                 io.update_ver = meta.commit_ver
                 io.full_chunk = True
             result = await self.rep.send_update(
-                node.address, node.data_address, io, data if io.type == WRITE else None, is_syncing=True,
-                from_target=t.target_id, to_target=succ,
+                node.address,
+                node.data_address,
+                io,
+                data if io.type == WRITE else None,
+                is_syncing=True,
+                from_target=t.target_id,
+                to_target=succ,
             )
             if meta is not None and result.checksum != meta.checksum:
-                raise FsError(Code.CHECKSUM_MISMATCH, f"sync of chunk {k}: receiver checksum differs")
+                raise FsError(
+                    Code.CHECKSUM_MISMATCH, f"sync of chunk {k}: receiver checksum differs"
+                )
             M.SYNC_CHUNKS.labels(str(t.target_id), "remove" if io.type == REMOVE else "write").inc()

@@ -52,13 +52,17 @@ log = logging.getLogger("fs3.storage")
 class MgmtdLink(Protocol):
     """What a storage node needs from mgmtd (``fs3.client.mgmtd_client.MgmtdClient`` has it)."""
 
-    async def register_node(self, req: mgmtd_pb2.RegisterNodeRequest) -> mgmtd_pb2.RegisterNodeResponse: ...
+    async def register_node(
+        self, req: mgmtd_pb2.RegisterNodeRequest
+    ) -> mgmtd_pb2.RegisterNodeResponse: ...
 
     async def heartbeat(self, req: mgmtd_pb2.HeartbeatRequest) -> mgmtd_pb2.HeartbeatResponse: ...
 
     async def get_routing(self, known_version: int = 0) -> mgmtd_pb2.RoutingInfo | None: ...
 
-    async def report_target_error(self, target_id: int, node_id: int, kind: str, detail: str = "") -> None: ...
+    async def report_target_error(
+        self, target_id: int, node_id: int, kind: str, detail: str = ""
+    ) -> None: ...
 
 
 def target_layout(cfg: StorageConfig) -> list[tuple[int, str]]:
@@ -72,7 +76,9 @@ def target_layout(cfg: StorageConfig) -> list[tuple[int, str]]:
         ids = list(s.target_ids) or [node.id * 100 + 1]
         dirs = [str(base / f"t{i + 1}") for i in range(len(ids))]
     if len(set(ids)) != len(ids) or any(i <= 0 for i in ids):
-        raise FsError(Code.INVALID_ARGUMENT, f"[storage] target ids must be distinct and > 0: {ids}")
+        raise FsError(
+            Code.INVALID_ARGUMENT, f"[storage] target ids must be distinct and > 0: {ids}"
+        )
     return list(zip(ids, dirs, strict=True))
 
 
@@ -86,7 +92,9 @@ class StorageNode:
             if available, else inline-only.
     """
 
-    def __init__(self, cfg: StorageConfig, mgmtd: MgmtdLink, *, payload: PayloadIO | None = None) -> None:
+    def __init__(
+        self, cfg: StorageConfig, mgmtd: MgmtdLink, *, payload: PayloadIO | None = None
+    ) -> None:
         self.cfg = cfg
         self.mgmtd = mgmtd
         self.node_id = cfg.node.id
@@ -101,11 +109,15 @@ class StorageNode:
             except ImportError:  # pragma: no cover - transport package incomplete
                 payload = InlinePayloadIO()
         self.payload: PayloadIO = payload  # type: ignore[assignment]
-        self.executor = ThreadPoolExecutor(max_workers=cfg.storage.io_threads, thread_name_prefix=f"storage{self.node_id}-io")
+        self.executor = ThreadPoolExecutor(
+            max_workers=cfg.storage.io_threads, thread_name_prefix=f"storage{self.node_id}-io"
+        )
         targets = []
         for tid, d in target_layout(cfg):
             os.makedirs(d, exist_ok=True)
-            eng = FileChunkEngine(d, fsync=cfg.storage.fsync, reserved_bytes=cfg.storage.reserved_bytes)
+            eng = FileChunkEngine(
+                d, fsync=cfg.storage.fsync, reserved_bytes=cfg.storage.reserved_bytes
+            )
             targets.append(StorageTarget(tid, d, eng))
         self.targets = TargetMap(targets)
         self.peers = Peers()
@@ -113,12 +125,22 @@ class StorageNode:
         self._hb_now = asyncio.Event()
         self.forward: ClientTransport | None = None
         if cfg.transport.kind != "grpc" and self._transport is not None:
-            self.forward = client_transport(cfg.transport.kind, f"storage-{self.node_id}-fwd", cfg.transport)
+            self.forward = client_transport(
+                cfg.transport.kind, f"storage-{self.node_id}-fwd", cfg.transport
+            )
         self.rep = Replicator(
-            self.targets, cfg.storage, self.payload, self.peers, self.executor, self._refresh.set, self.forward
+            self.targets,
+            cfg.storage,
+            self.payload,
+            self.peers,
+            self.executor,
+            self._refresh.set,
+            self.forward,
         )
         self.rep.on_local_change = self._hb_now.set
-        self.op = StorageOperator(self.node_id, self.targets, self.rep, self._report_error, self._hb_now.set)
+        self.op = StorageOperator(
+            self.node_id, self.targets, self.rep, self._report_error, self._hb_now.set
+        )
         self.resync = ResyncManager(self.targets, self.rep)
         self._server = create_server()
         self._tasks: list[asyncio.Task[None]] = []
@@ -128,18 +150,30 @@ class StorageNode:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        add_servicer(self._server, storage_pb2_grpc.add_StorageServiceServicer_to_server, StorageServicer(self.op))
+        add_servicer(
+            self._server,
+            storage_pb2_grpc.add_StorageServiceServicer_to_server,
+            StorageServicer(self.op),
+        )
         if self._transport is not None:
             add_servicer(
-                self._server, transport_pb2_grpc.add_TransportServiceServicer_to_server, self._transport.servicer
+                self._server,
+                transport_pb2_grpc.add_TransportServiceServicer_to_server,
+                self._transport.servicer,
             )
         port = bind(self._server, self.cfg.node.host, self.cfg.node.port)
         self.address = f"{self.cfg.node.host}:{port}"
         await self._server.start()
         if self._transport is not None:
             await self._transport.start(self.cfg.node.host)
-        event(log, "storage node started", node=self.node_id, address=self.address, data=self.data_address,
-              targets=",".join(str(t) for t in self.targets.targets))
+        event(
+            log,
+            "storage node started",
+            node=self.node_id,
+            address=self.address,
+            data=self.data_address,
+            targets=",".join(str(t) for t in self.targets.targets),
+        )
         self._tasks.append(asyncio.create_task(self._register_and_run(), name="storage-mgmtd"))
 
     @property
@@ -176,9 +210,14 @@ class StorageNode:
 
     def _hb_request(self, *, force_offline: bool = False) -> mgmtd_pb2.HeartbeatRequest:
         return mgmtd_pb2.HeartbeatRequest(
-            node_id=self.node_id, type=mgmtd_pb2.NODE_TYPE_STORAGE, address=self.address,
-            data_address=self.data_address, targets=self.targets.reports(force_offline=force_offline),
-            timestamp=time.time(), hostname=socket.gethostname(), name=self.cfg.node.name,
+            node_id=self.node_id,
+            type=mgmtd_pb2.NODE_TYPE_STORAGE,
+            address=self.address,
+            data_address=self.data_address,
+            targets=self.targets.reports(force_offline=force_offline),
+            timestamp=time.time(),
+            hostname=socket.gethostname(),
+            name=self.cfg.node.name,
         )
 
     async def _send_heartbeat(self, *, force_offline: bool = False) -> None:
@@ -194,9 +233,13 @@ class StorageNode:
         while True:
             try:
                 req = mgmtd_pb2.RegisterNodeRequest(
-                    node_id=self.node_id, type=mgmtd_pb2.NODE_TYPE_STORAGE, address=self.address,
-                    data_address=self.data_address, hostname=socket.gethostname(),
-                    targets=self.targets.reports(force_offline=True), name=self.cfg.node.name,
+                    node_id=self.node_id,
+                    type=mgmtd_pb2.NODE_TYPE_STORAGE,
+                    address=self.address,
+                    data_address=self.data_address,
+                    hostname=socket.gethostname(),
+                    targets=self.targets.reports(force_offline=True),
+                    name=self.cfg.node.name,
                 )
                 resp = await self.mgmtd.register_node(req)
                 break
@@ -274,4 +317,6 @@ async def serve(cfg: StorageConfig, stop: asyncio.Event) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return service_main(list(sys.argv[1:] if argv is None else argv), "fs3 storage", StorageConfig, serve)
+    return service_main(
+        list(sys.argv[1:] if argv is None else argv), "fs3 storage", StorageConfig, serve
+    )

@@ -16,13 +16,19 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     def __init__(self, operator: StorageOperator) -> None:
         self.op = operator
 
-    async def Write(self, request: storage_pb2.WriteRequest, context: Any) -> storage_pb2.WriteResponse:
+    async def Write(
+        self, request: storage_pb2.WriteRequest, context: Any
+    ) -> storage_pb2.WriteResponse:
         return await self.op.write(request)
 
-    async def Update(self, request: storage_pb2.UpdateRequest, context: Any) -> storage_pb2.UpdateResponse:
+    async def Update(
+        self, request: storage_pb2.UpdateRequest, context: Any
+    ) -> storage_pb2.UpdateResponse:
         return await self.op.update(request)
 
-    async def BatchRead(self, request: storage_pb2.BatchReadRequest, context: Any) -> storage_pb2.BatchReadResponse:
+    async def BatchRead(
+        self, request: storage_pb2.BatchReadRequest, context: Any
+    ) -> storage_pb2.BatchReadResponse:
         return await self.op.batch_read(request)
 
     async def QueryLastChunk(
@@ -40,14 +46,22 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     ) -> storage_pb2.RemoveChunksResponse:
         return await self.op.remove_chunks(request)
 
-    async def SyncStart(self, request: storage_pb2.SyncStartRequest, context: Any) -> storage_pb2.SyncStartResponse:
+    async def SyncStart(
+        self, request: storage_pb2.SyncStartRequest, context: Any
+    ) -> storage_pb2.SyncStartResponse:
         return await self.op.sync_start(request)
 
-    async def SyncDone(self, request: storage_pb2.SyncDoneRequest, context: Any) -> storage_pb2.SyncDoneResponse:
+    async def SyncDone(
+        self, request: storage_pb2.SyncDoneRequest, context: Any
+    ) -> storage_pb2.SyncDoneResponse:
         return await self.op.sync_done(request)
 
-    async def SpaceInfo(self, request: storage_pb2.SpaceInfoRequest, context: Any) -> storage_pb2.SpaceInfoResponse:
+    async def SpaceInfo(
+        self, request: storage_pb2.SpaceInfoRequest, context: Any
+    ) -> storage_pb2.SpaceInfoResponse:
         return await self.op.space_info(request)
 
-    async def ListChunks(self, request: storage_pb2.ListChunksRequest, context: Any) -> storage_pb2.ListChunksResponse:
+    async def ListChunks(
+        self, request: storage_pb2.ListChunksRequest, context: Any
+    ) -> storage_pb2.ListChunksResponse:
         return await self.op.list_chunks(request)

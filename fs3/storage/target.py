@@ -35,7 +35,11 @@ L_UPTODATE = mgmtd_pb2.LOCAL_STATE_UPTODATE
 L_ONLINE = mgmtd_pb2.LOCAL_STATE_ONLINE
 L_OFFLINE = mgmtd_pb2.LOCAL_STATE_OFFLINE
 
-LOCAL_NAMES: dict[int, str] = {int(L_UPTODATE): "uptodate", int(L_ONLINE): "online", int(L_OFFLINE): "offline"}
+LOCAL_NAMES: dict[int, str] = {
+    int(L_UPTODATE): "uptodate",
+    int(L_ONLINE): "online",
+    int(L_OFFLINE): "offline",
+}
 
 
 class ChunkLocks:
@@ -132,7 +136,8 @@ class TargetMap:
             t = self.by_id(target_id)
             if chain_id and t.chain_id != chain_id:
                 raise FsError(
-                    Code.UNKNOWN_CHAIN, f"target {target_id} is not in chain {chain_id} (it is in {t.chain_id})"
+                    Code.UNKNOWN_CHAIN,
+                    f"target {target_id} is not in chain {chain_id} (it is in {t.chain_id})",
                 )
             return t
         return self.by_chain(chain_id)
@@ -152,8 +157,13 @@ class TargetMap:
             cid, cver, ps = membership.get(t.target_id, (0, 0, 0))
             if (cid, cver, ps) != (t.chain_id, t.chain_version, t.public_state):
                 event(
-                    log, "chain view", target=t.target_id, chain=cid, version=cver,
-                    public=_pub(ps), local=LOCAL_NAMES.get(t.local_state, t.local_state),
+                    log,
+                    "chain view",
+                    target=t.target_id,
+                    chain=cid,
+                    version=cver,
+                    public=_pub(ps),
+                    local=LOCAL_NAMES.get(t.local_state, t.local_state),
                 )
             t.chain_id, t.chain_version, t.public_state = cid, cver, ps
             if cid:
@@ -161,7 +171,9 @@ class TargetMap:
         self._by_chain = by_chain
         changed = False
         if self.starting:
-            busy = [t for t in self.targets.values() if t.public_state in (SERVING, SYNCING, WAITING)]
+            busy = [
+                t for t in self.targets.values() if t.public_state in (SERVING, SYNCING, WAITING)
+            ]
             if busy:
                 return False
             self.starting = False
@@ -195,8 +207,13 @@ class TargetMap:
         if t.local_state == state:
             return False
         event(
-            log, "local state", target=t.target_id, chain=t.chain_id,
-            old=LOCAL_NAMES.get(t.local_state), new=LOCAL_NAMES.get(state), why=why,
+            log,
+            "local state",
+            target=t.target_id,
+            chain=t.chain_id,
+            old=LOCAL_NAMES.get(t.local_state),
+            new=LOCAL_NAMES.get(state),
+            why=why,
         )
         t.local_state = state
         return True
@@ -207,7 +224,10 @@ class TargetMap:
 
 
 _PUB_NAMES: dict[int, str] = {
-    int(SERVING): "serving", int(LASTSRV): "lastsrv", int(SYNCING): "syncing", int(WAITING): "waiting",
+    int(SERVING): "serving",
+    int(LASTSRV): "lastsrv",
+    int(SYNCING): "syncing",
+    int(WAITING): "waiting",
     int(OFFLINE): "offline",
 }
 

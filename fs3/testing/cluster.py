@@ -71,7 +71,9 @@ class ProcessCluster:
         verbose: bool = False,
     ) -> None:
         self._own_dir = dir is None
-        self.dir = Path(tempfile.mkdtemp(prefix="fs3-cluster-")) if dir is None else Path(dir).absolute()
+        self.dir = (
+            Path(tempfile.mkdtemp(prefix="fs3-cluster-")) if dir is None else Path(dir).absolute()
+        )
         self.spec = ClusterSpec(
             storage_nodes=storage_nodes,
             targets_per_node=targets_per_node,
@@ -105,7 +107,9 @@ class ProcessCluster:
         """Bring the cluster up (or back up from its data); raises LauncherError if unusable."""
         existing = self.launcher.load_state()
         spec = None if existing is not None else self.spec
-        self.state = self.launcher.up(spec, mount=self.mountpoint, timeout_s=timeout_s or self.start_timeout_s)
+        self.state = self.launcher.up(
+            spec, mount=self.mountpoint, timeout_s=timeout_s or self.start_timeout_s
+        )
         return self
 
     def stop(self, *, wipe: bool = False) -> None:
@@ -130,7 +134,9 @@ class ProcessCluster:
             self.close(failed=True)
             raise
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close(failed=et is not None)
 
     def failure_report(self, lines: int = 30) -> str:
@@ -204,7 +210,9 @@ class ProcessCluster:
 
     # ------------------------------------------------------------------ waiting
 
-    def wait_for(self, condition: Condition, timeout: float, what: str = "condition", interval: float = 0.1) -> Any:
+    def wait_for(
+        self, condition: Condition, timeout: float, what: str = "condition", interval: float = 0.1
+    ) -> Any:
         """Poll ``condition`` until truthy; it gets the status dict if it takes one argument.
 
         Raises TimeoutError naming ``what`` and the last status seen (never a silent pass).
@@ -235,7 +243,9 @@ class ProcessCluster:
         """Wait until every target of every chain is serving (e.g. after a restart and resync)."""
 
         def ok(s: dict[str, Any]) -> bool:
-            return bool(s["chains"]) and all(st == "serving" for c in s["chains"] for st in c["states"])
+            return bool(s["chains"]) and all(
+                st == "serving" for c in s["chains"] for st in c["states"]
+            )
 
         return self.wait_for(ok, timeout, "every target serving")  # type: ignore[no-any-return]
 

@@ -60,11 +60,15 @@ NETNS_DIR = "/run/netns"
 _PREFIX = "fs3f"
 
 
-def _run(cmd: Sequence[str], *, check: bool = True, ns: str | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    cmd: Sequence[str], *, check: bool = True, ns: str | None = None
+) -> subprocess.CompletedProcess[str]:
     full = (["ip", "netns", "exec", ns] if ns else []) + list(cmd)
     r = subprocess.run(full, capture_output=True, text=True, timeout=30, check=False)
     if check and r.returncode != 0:
-        raise RuntimeError(f"`{' '.join(full)}` failed ({r.returncode}): {r.stderr.strip() or r.stdout.strip()}")
+        raise RuntimeError(
+            f"`{' '.join(full)}` failed ({r.returncode}): {r.stderr.strip() or r.stdout.strip()}"
+        )
     return r
 
 
@@ -96,11 +100,19 @@ def qdisc_kinds() -> dict[str, bool]:
     if os.geteuid() != 0 or shutil.which("tc") is None:
         return {"netem": False, "tbf": False}
     dev = f"{_PREFIX}q{secrets.token_hex(2)}"
-    if _run(["ip", "link", "add", dev, "type", "veth", "peer", "name", dev + "p"], check=False).returncode != 0:
+    if (
+        _run(
+            ["ip", "link", "add", dev, "type", "veth", "peer", "name", dev + "p"], check=False
+        ).returncode
+        != 0
+    ):
         return {"netem": False, "tbf": False}
     try:
         out = {}
-        for kind, args in (("netem", ["delay", "10ms"]), ("tbf", ["rate", "1mbit", "burst", "32kbit", "latency", "100ms"])):
+        for kind, args in (
+            ("netem", ["delay", "10ms"]),
+            ("tbf", ["rate", "1mbit", "burst", "32kbit", "latency", "100ms"]),
+        ):
             r = _run(["tc", "qdisc", "add", "dev", dev, "root", kind, *args], check=False)
             out[kind] = r.returncode == 0
             _run(["tc", "qdisc", "del", "dev", dev, "root"], check=False)
@@ -152,7 +164,20 @@ class NetnsLink:
         return f"fs3-fault-{self.tag}"
 
     def _host_nat(self, chain: str, *rule: str) -> None:
-        _run(["iptables", "-t", "nat", "-A", chain, *rule, "-m", "comment", "--comment", self.comment])
+        _run(
+            [
+                "iptables",
+                "-t",
+                "nat",
+                "-A",
+                chain,
+                *rule,
+                "-m",
+                "comment",
+                "--comment",
+                self.comment,
+            ]
+        )
 
     def setup(self, ports: Sequence[int]) -> NetnsLink:
         """Create the namespace and veth, and NAT ``127.0.0.1:<ports>`` of the host into it."""
@@ -176,17 +201,66 @@ class NetnsLink:
             _run(["sysctl", "-qw", "net.ipv4.conf.all.route_localnet=1"], ns=self.ns)
             _run(["sysctl", "-qw", f"net.ipv4.conf.{self.ns_if}.route_localnet=1"], ns=self.ns)
             # host side
-            self._host_nat("PREROUTING", "-i", self.host_if, "-d", self.host_ip, "-p", "tcp",
-                           "-j", "DNAT", "--to-destination", "127.0.0.1")
-            self._host_nat("OUTPUT", "-d", "127.0.0.1", "-p", "tcp", "-m", "multiport", "--dports", plist,
-                           "-j", "DNAT", "--to-destination", self.ns_ip)
+            self._host_nat(
+                "PREROUTING",
+                "-i",
+                self.host_if,
+                "-d",
+                self.host_ip,
+                "-p",
+                "tcp",
+                "-j",
+                "DNAT",
+                "--to-destination",
+                "127.0.0.1",
+            )
+            self._host_nat(
+                "OUTPUT",
+                "-d",
+                "127.0.0.1",
+                "-p",
+                "tcp",
+                "-m",
+                "multiport",
+                "--dports",
+                plist,
+                "-j",
+                "DNAT",
+                "--to-destination",
+                self.ns_ip,
+            )
             self._host_nat("POSTROUTING", "-o", self.host_if, "-j", "MASQUERADE")
             # namespace side (rules vanish with the namespace)
             for rule in (
-                ["PREROUTING", "-i", self.ns_if, "-d", self.ns_ip, "-p", "tcp", "-j", "DNAT", "--to-destination",
-                 "127.0.0.1"],
-                ["OUTPUT", "-d", "127.0.0.1", "-p", "tcp", "-m", "multiport", "!", "--dports", plist, "-j", "DNAT",
-                 "--to-destination", self.host_ip],
+                [
+                    "PREROUTING",
+                    "-i",
+                    self.ns_if,
+                    "-d",
+                    self.ns_ip,
+                    "-p",
+                    "tcp",
+                    "-j",
+                    "DNAT",
+                    "--to-destination",
+                    "127.0.0.1",
+                ],
+                [
+                    "OUTPUT",
+                    "-d",
+                    "127.0.0.1",
+                    "-p",
+                    "tcp",
+                    "-m",
+                    "multiport",
+                    "!",
+                    "--dports",
+                    plist,
+                    "-j",
+                    "DNAT",
+                    "--to-destination",
+                    self.host_ip,
+                ],
                 ["POSTROUTING", "-o", self.ns_if, "-j", "MASQUERADE"],
             ):
                 _run(["iptables", "-t", "nat", "-A", *rule], ns=self.ns)
@@ -228,7 +302,9 @@ class NetnsLink:
         elif kinds.get("tbf"):
             burst = max(16, int(rate_mbit * 1000 / 8 / 10))  # kbit: ~10 ms worth of bytes
             args = ["tbf", "rate", f"{rate_mbit}mbit", "burst", f"{burst}kbit", "latency", "1s"]
-            what = f"tbf rate {rate_mbit} Mbit/s each way (sch_netem is not available in this kernel)"
+            what = (
+                f"tbf rate {rate_mbit} Mbit/s each way (sch_netem is not available in this kernel)"
+            )
             self.shaped = "tbf"
         else:
             raise RuntimeError("neither netem nor tbf qdiscs are available")
@@ -367,8 +443,20 @@ class SmallFs:
             raise PermissionError("mounting a tmpfs needs root")
         self.path.mkdir(parents=True, exist_ok=True)
         if any(self.path.iterdir()):
-            raise RuntimeError(f"{self.path} is not empty; mount the small fs before the target is used")
-        _run(["mount", "-t", "tmpfs", "-o", f"size={self.size_mb}m,mode=0755", "tmpfs", str(self.path)])
+            raise RuntimeError(
+                f"{self.path} is not empty; mount the small fs before the target is used"
+            )
+        _run(
+            [
+                "mount",
+                "-t",
+                "tmpfs",
+                "-o",
+                f"size={self.size_mb}m,mode=0755",
+                "tmpfs",
+                str(self.path),
+            ]
+        )
         self.mounted = True
         return self
 
@@ -421,7 +509,9 @@ class ChunkFile:
     path: Path
 
 
-def list_chunk_files(target_dir: Path, target_id: int = 0, inode: int | None = None) -> list[ChunkFile]:
+def list_chunk_files(
+    target_dir: Path, target_id: int = 0, inode: int | None = None
+) -> list[ChunkFile]:
     """Committed chunks of a target read straight from its ``meta.db`` (works while it runs: WAL)."""
     db_path = target_dir / "meta.db"
     if not db_path.exists():
@@ -437,8 +527,15 @@ def list_chunk_files(target_dir: Path, target_id: int = 0, inode: int | None = N
     finally:
         con.close()
     return [
-        ChunkFile(target_id, r[0] & 0xFFFFFFFFFFFFFFFF, r[1], r[2], r[3], r[4] & 0xFFFFFFFF,
-                  target_dir / "data" / r[5] if r[5] else Path())
+        ChunkFile(
+            target_id,
+            r[0] & 0xFFFFFFFFFFFFFFFF,
+            r[1],
+            r[2],
+            r[3],
+            r[4] & 0xFFFFFFFF,
+            target_dir / "data" / r[5] if r[5] else Path(),
+        )
         for r in rows
     ]
 
@@ -447,7 +544,9 @@ def _i64(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-def corrupt_chunk(cf: ChunkFile, *, offset: int | None = None, nbytes: int = 16) -> tuple[int, bytes]:
+def corrupt_chunk(
+    cf: ChunkFile, *, offset: int | None = None, nbytes: int = 16
+) -> tuple[int, bytes]:
     """Flip ``nbytes`` bytes of a chunk file in place (silent corruption: size and metadata unchanged).
 
     Returns (offset, original bytes).
@@ -474,7 +573,9 @@ def read_chunk_bytes(cf: ChunkFile) -> bytes:
         return f.read(cf.length)
 
 
-def read_replica(pc: Any, target_id: int, inode: int, index: int, length: int = 1 << 20) -> tuple[int, bytes]:
+def read_replica(
+    pc: Any, target_id: int, inode: int, index: int, length: int = 1 << 20
+) -> tuple[int, bytes]:
     """Read one chunk from one chosen replica over ``BatchRead`` (bypassing the client's replica choice).
 
     Returns (fs3 error code or 0, data). Used to make sure a corrupt replica is
@@ -489,11 +590,19 @@ def read_replica(pc: Any, target_id: int, inode: int, index: int, length: int = 
     addr = next(p["address"] for p in s["processes"] if p["name"] == t["node"])
     ch = sync_channel(addr)
     try:
-        io = storage_pb2.ReadIO(chain_id=chain["id"], chain_version=chain["version"],
-                                chunk=storage_pb2.ChunkId(inode=inode, index=index), offset=0, length=length,
-                                target_id=target_id)
-        r = call_sync(storage_pb2_grpc.StorageServiceStub(ch).BatchRead, storage_pb2.BatchReadRequest(ios=[io]),
-                      timeout=10)
+        io = storage_pb2.ReadIO(
+            chain_id=chain["id"],
+            chain_version=chain["version"],
+            chunk=storage_pb2.ChunkId(inode=inode, index=index),
+            offset=0,
+            length=length,
+            target_id=target_id,
+        )
+        r = call_sync(
+            storage_pb2_grpc.StorageServiceStub(ch).BatchRead,
+            storage_pb2.BatchReadRequest(ios=[io]),
+            timeout=10,
+        )
         res = r.results[0]
         return int(res.error.code), bytes(res.data)
     finally:
@@ -519,7 +628,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m fs3.testing.faults netns-exec NS ROLE --config FILE``: run a service inside NS."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 3 or args[0] != "netns-exec":
-        print("usage: python -m fs3.testing.faults netns-exec NETNS ROLE [ARGS...]", file=sys.stderr)
+        print(
+            "usage: python -m fs3.testing.faults netns-exec NETNS ROLE [ARGS...]", file=sys.stderr
+        )
         return 2
     _setns(args[1])
     from fs3.cli.main import main as fs3_main

@@ -57,7 +57,11 @@ FAULT_OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
         "client": {"routing_refresh_s": 0.5, "retry_deadline_s": 30.0, "rpc_timeout_s": 3.0},
     },
     "storage": {
-        "storage": {"heartbeat_interval_s": 0.5, "routing_refresh_s": 0.5, "forward_timeout_s": 2.0},
+        "storage": {
+            "heartbeat_interval_s": 0.5,
+            "routing_refresh_s": 0.5,
+            "forward_timeout_s": 2.0,
+        },
         "client": {"routing_refresh_s": 0.5, "rpc_timeout_s": 3.0},
     },
     "fuse": {"client": {"routing_refresh_s": 0.5, "retry_deadline_s": 30.0, "rpc_timeout_s": 3.0}},
@@ -67,7 +71,9 @@ FAULT_OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
 def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     out = dict(a)
     for k, v in b.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = (
+            _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        )
     return out
 
 
@@ -86,8 +92,10 @@ def check_replicas(pc: ProcessCluster, *, status: dict[str, Any] | None = None) 
     pending = _pending_chunks(pc, s)
     for t, keys in pending.items():
         if keys:
-            problems.append(f"target {t}: {len(keys)} chunks still have a pending (uncommitted) update: "
-                            f"{sorted(keys)[:5]}")
+            problems.append(
+                f"target {t}: {len(keys)} chunks still have a pending (uncommitted) update: "
+                f"{sorted(keys)[:5]}"
+            )
     for chain in s["chains"]:
         problems += compare_chain(chain["id"], {tid: dirs[tid] for tid in chain["targets"]})
     return problems
@@ -109,8 +117,10 @@ def compare_chain(chain_id: int, target_dirs: dict[int, Path]) -> list[str]:
         for cf in list_chunk_files(d, tid):
             data = read_chunk_bytes(cf)
             if len(data) != cf.length or crc32c(data) != cf.checksum:
-                problems.append(f"target {tid} chunk {cf.inode}:{cf.index}: file content does not match its "
-                                f"checksum (len {len(data)}/{cf.length}) — corrupt and not repaired")
+                problems.append(
+                    f"target {tid} chunk {cf.inode}:{cf.index}: file content does not match its "
+                    f"checksum (len {len(data)}/{cf.length}) — corrupt and not repaired"
+                )
             chunks[(cf.inode, cf.index)] = (cf.commit_ver, cf.length, cf.checksum, data)
         per_target[tid] = chunks
     tids = list(target_dirs)
@@ -121,15 +131,19 @@ def compare_chain(chain_id: int, target_dirs: dict[int, Path]) -> list[str]:
         if set(other) != set(ref):
             only_a = sorted(set(ref) - set(other))[:5]
             only_b = sorted(set(other) - set(ref))[:5]
-            problems.append(f"chain {chain_id}: targets {ref_t} and {tid} hold different chunks "
-                            f"(only on {ref_t}: {only_a}; only on {tid}: {only_b})")
+            problems.append(
+                f"chain {chain_id}: targets {ref_t} and {tid} hold different chunks "
+                f"(only on {ref_t}: {only_a}; only on {tid}: {only_b})"
+            )
         for key in sorted(set(ref) & set(other)):
             a, b = ref[key], other[key]
             if a[:3] != b[:3] or a[3] != b[3]:
-                problems.append(f"chain {chain_id} chunk {key[0]}:{key[1]}: target {ref_t} has "
-                                f"(ver {a[0]}, len {a[1]}, crc {a[2]:#x}), target {tid} has "
-                                f"(ver {b[0]}, len {b[1]}, crc {b[2]:#x})"
-                                + ("; the bytes differ" if a[3] != b[3] else ""))
+                problems.append(
+                    f"chain {chain_id} chunk {key[0]}:{key[1]}: target {ref_t} has "
+                    f"(ver {a[0]}, len {a[1]}, crc {a[2]:#x}), target {tid} has "
+                    f"(ver {b[0]}, len {b[1]}, crc {b[2]:#x})"
+                    + ("; the bytes differ" if a[3] != b[3] else "")
+                )
     return problems
 
 
@@ -147,8 +161,11 @@ def _pending_chunks(pc: ProcessCluster, s: dict[str, Any]) -> dict[int, set[tupl
             continue
         ch = sync_channel(a)
         try:
-            r = call_sync(storage_pb2_grpc.StorageServiceStub(ch).ListChunks,
-                          storage_pb2.ListChunksRequest(target_id=t["id"]), timeout=10)
+            r = call_sync(
+                storage_pb2_grpc.StorageServiceStub(ch).ListChunks,
+                storage_pb2.ListChunksRequest(target_id=t["id"]),
+                timeout=10,
+            )
             out[t["id"]] = {(m.chunk.inode, m.chunk.index) for m in r.metas if m.uncommitted}
         except FsError:
             out[t["id"]] = set()
@@ -177,9 +194,20 @@ def wait_replicas_identical(pc: ProcessCluster, timeout_s: float) -> list[str]:
     deadline = time.monotonic() + timeout_s
     while True:
         s = pc.status()
-        serving = bool(s["chains"]) and all(st == "serving" for c in s["chains"] for st in c["states"])
-        problems = check_replicas(pc, status=s) if serving else ["not every target is serving: " + ", ".join(
-            f"chain {c['id']}: {list(zip(c['targets'], c['states'], strict=True))}" for c in s["chains"])]
+        serving = bool(s["chains"]) and all(
+            st == "serving" for c in s["chains"] for st in c["states"]
+        )
+        problems = (
+            check_replicas(pc, status=s)
+            if serving
+            else [
+                "not every target is serving: "
+                + ", ".join(
+                    f"chain {c['id']}: {list(zip(c['targets'], c['states'], strict=True))}"
+                    for c in s["chains"]
+                )
+            ]
+        )
         if not problems or time.monotonic() >= deadline:
             return problems
         time.sleep(0.5)
@@ -213,7 +241,9 @@ class Scenario:
     figures: dict[str, float] = field(default_factory=dict)
 
     def say(self, msg: str) -> None:
-        print(f"[{self.name} {time.monotonic() - self.t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+        print(
+            f"[{self.name} {time.monotonic() - self.t0:6.1f}s] {msg}", file=sys.stderr, flush=True
+        )
 
     # -- clients
 
@@ -243,9 +273,13 @@ class Scenario:
         if self.pc.mountpoint:
             writers += [self.fuse(f"fuse{i}") for i in range(fuse_writers)]
             readers += [self.fuse(f"fuser{i}") for i in range(fuse_readers)]
-        self.workload = Workload(writers, readers, config=config, seed=self.seed, log=self.say).start()
-        self.say(f"workload started: {len(writers)} writers, {len(readers)} readers "
-                 f"({'API + FUSE' if self.pc.mountpoint else 'API only'})")
+        self.workload = Workload(
+            writers, readers, config=config, seed=self.seed, log=self.say
+        ).start()
+        self.say(
+            f"workload started: {len(writers)} writers, {len(readers)} readers "
+            f"({'API + FUSE' if self.pc.mountpoint else 'API only'})"
+        )
         return self.workload
 
     def progress(self, n: int, timeout_s: float, what: str) -> float:
@@ -253,10 +287,14 @@ class Scenario:
         assert self.workload is not None
         t = time.monotonic()
         if not self.workload.wait_acked(n, timeout_s):
-            raise AssertionError(f"{what}: fewer than {n} writes acknowledged within {timeout_s:.0f}s "
-                                 f"(errors: {self.workload.errors})")
+            raise AssertionError(
+                f"{what}: fewer than {n} writes acknowledged within {timeout_s:.0f}s "
+                f"(errors: {self.workload.errors})"
+            )
         took = time.monotonic() - t
-        self.say(f"{what}: {n} more writes acknowledged in {took:.1f}s (total {self.workload.acked()})")
+        self.say(
+            f"{what}: {n} more writes acknowledged in {took:.1f}s (total {self.workload.acked()})"
+        )
         return took
 
     def stop_workload(self, timeout_s: float = 60.0) -> dict[str, Any]:
@@ -277,12 +315,18 @@ class Scenario:
         return took
 
     def wait_target(self, target_id: int, state: str, timeout_s: float) -> float:
-        return self.wait(lambda s: ProcessCluster.target_states(s).get(target_id) == state, timeout_s,
-                         f"target {target_id} {state}")
+        return self.wait(
+            lambda s: ProcessCluster.target_states(s).get(target_id) == state,
+            timeout_s,
+            f"target {target_id} {state}",
+        )
 
     def wait_all_serving(self, timeout_s: float, what: str = "every target serving again") -> float:
         def ok(s: dict[str, Any]) -> bool:
-            return bool(s["chains"]) and all(st == "serving" for c in s["chains"] for st in c["states"])
+            return bool(s["chains"]) and all(
+                st == "serving" for c in s["chains"] for st in c["states"]
+            )
+
         return self.wait(ok, timeout_s, what)
 
     def measure_resume(self, bound_s: float, what: str = "service resumed") -> float:
@@ -305,7 +349,9 @@ class Scenario:
             except OSError as e:
                 last = e
             if time.monotonic() >= deadline:
-                raise AssertionError(f"{what}: not within the {bound_s:.0f}s bound (last error: {last})")
+                raise AssertionError(
+                    f"{what}: not within the {bound_s:.0f}s bound (last error: {last})"
+                )
             time.sleep(0.2)
         took = time.monotonic() - t
         self.figures[what] = took
@@ -332,12 +378,16 @@ class Scenario:
             if self.pc.mountpoint:
                 v += self.workload.model.verify_all(self.fuse("final-fuse"), "final-fuse")
             problems += [str(x) for x in self.workload.model.violations]
-            self.say(f"workload invariants: {len(self.workload.model.violations)} violations "
-                     f"({self.workload.model.summary().get('acked_writes', 0)} acknowledged writes re-read)")
+            self.say(
+                f"workload invariants: {len(self.workload.model.violations)} violations "
+                f"({self.workload.model.summary().get('acked_writes', 0)} acknowledged writes re-read)"
+            )
         if replicas:
             t = time.monotonic()
             rp = wait_replicas_identical(self.pc, replica_timeout_s)
-            self.say(f"replicas byte-identical: {'yes' if not rp else 'NO'} (checked in {time.monotonic() - t:.1f}s)")
+            self.say(
+                f"replicas byte-identical: {'yes' if not rp else 'NO'} (checked in {time.monotonic() - t:.1f}s)"
+            )
             problems += rp
         if meta:
             mp = check_meta(self.pc)
@@ -405,12 +455,17 @@ def fault_cluster(
                 rec = st.proc(n)
                 link.setup(rec.ports)
                 rec.command = link.wrap(rec.command)
-                sc.say(f"{n} will run in network namespace {link.ns} (veth {link.host_if} {link.host_ip} <-> "
-                       f"{link.ns_if} {link.ns_ip}, ports {rec.ports})")
+                sc.say(
+                    f"{n} will run in network namespace {link.ns} (veth {link.host_if} {link.host_ip} <-> "
+                    f"{link.ns_if} {link.ns_ip}, ports {rec.ports})"
+                )
             pc.launcher._save_state(st)
         t = time.monotonic()
         pc.start()
-        sc.say(f"cluster up in {time.monotonic() - t:.1f}s at {pc.dir}" + (f", mounted at {pc.mountpoint}" if mount else ""))
+        sc.say(
+            f"cluster up in {time.monotonic() - t:.1f}s at {pc.dir}"
+            + (f", mounted at {pc.mountpoint}" if mount else "")
+        )
         yield sc
         failed = False
     finally:
@@ -427,4 +482,8 @@ def fault_cluster(
                 link.cleanup()
             pc.close(failed=failed)
             if failed:
-                print(f"[{name}] FAILED: cluster directory and logs kept in {pc.dir}", file=sys.stderr, flush=True)
+                print(
+                    f"[{name}] FAILED: cluster directory and logs kept in {pc.dir}",
+                    file=sys.stderr,
+                    flush=True,
+                )

@@ -50,17 +50,30 @@ class Proc:
             return ""
 
 
-def spawn(role: str, cfg: Any, workdir: Path, name: str, *, env: dict[str, str] | None = None) -> Proc:
+def spawn(
+    role: str, cfg: Any, workdir: Path, name: str, *, env: dict[str, str] | None = None
+) -> Proc:
     """Write ``cfg`` as TOML under ``workdir`` and start ``fs3 <role> --config`` on it (no waiting)."""
     workdir.mkdir(parents=True, exist_ok=True)
     cfg_path = workdir / f"{name}.toml"
     cfg_path.write_text(to_toml(cfg))
     log_path = workdir / f"{name}.log"
     log = open(log_path, "ab")  # noqa: SIM115 - the child keeps its own descriptor
-    cmd = [sys.executable, "-c", "import sys; from fs3.cli.main import main; sys.exit(main())",
-           role, "--config", str(cfg_path)]
-    popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                             start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from fs3.cli.main import main; sys.exit(main())",
+        role,
+        "--config",
+        str(cfg_path),
+    ]
+    popen = subprocess.Popen(
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
     log.close()
     return Proc(name, role, popen, cfg_path, log_path, start_offset=log_path.stat().st_size)
 
@@ -76,14 +89,25 @@ def wait_ready(proc: Proc, timeout_s: float = 30.0) -> Proc:
             proc.address = m.group(2)
             return proc
         if not proc.alive():
-            raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log_tail()}")
+            raise RuntimeError(
+                f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log_tail()}"
+            )
         time.sleep(0.02)
     kill(proc)
-    raise RuntimeError(f"{proc.name} did not report its address within {timeout_s}s:\n{proc.log_tail()}")
+    raise RuntimeError(
+        f"{proc.name} did not report its address within {timeout_s}s:\n{proc.log_tail()}"
+    )
 
 
-def start(role: str, cfg: Any, workdir: Path, name: str, *, timeout_s: float = 30.0,
-          env: dict[str, str] | None = None) -> Proc:
+def start(
+    role: str,
+    cfg: Any,
+    workdir: Path,
+    name: str,
+    *,
+    timeout_s: float = 30.0,
+    env: dict[str, str] | None = None,
+) -> Proc:
     """:func:`spawn` then :func:`wait_ready`."""
     return wait_ready(spawn(role, cfg, workdir, name, env=env), timeout_s)
 
@@ -115,7 +139,9 @@ class MiniCluster:
     ``MgmtdClient.create_chain_table`` once the targets registered.
     """
 
-    def __init__(self, root: Path, *, nodes: int = 3, transport: str = "grpc", fsync: bool = True) -> None:
+    def __init__(
+        self, root: Path, *, nodes: int = 3, transport: str = "grpc", fsync: bool = True
+    ) -> None:
         from fs3.testing.storage_cluster import free_port
 
         self.root = root
@@ -136,8 +162,12 @@ class MiniCluster:
             cluster=ClusterSection(cluster_file=str(self.cluster_file)),
             kv=KvSection(url=f"sqlite:///{self.root}/kv.db"),
             mgmtd=MgmtdSection(
-                lease_length_s=10.0, lease_renew_interval_s=1.0, lease_safety_margin_s=2.0,
-                heartbeat_interval_s=0.2, heartbeat_timeout_s=1.5, check_interval_s=0.1,
+                lease_length_s=10.0,
+                lease_renew_interval_s=1.0,
+                lease_safety_margin_s=2.0,
+                heartbeat_interval_s=0.2,
+                heartbeat_timeout_s=1.5,
+                check_interval_s=0.1,
             ),
         )
 
@@ -151,11 +181,17 @@ class MiniCluster:
         )
 
         return StorageConfig(
-            node=NodeSection(id=10001 + i, data_dir=str(self.root / f"storage-{i + 1}"), name=f"storage-{i + 1}"),
+            node=NodeSection(
+                id=10001 + i, data_dir=str(self.root / f"storage-{i + 1}"), name=f"storage-{i + 1}"
+            ),
             cluster=ClusterSection(cluster_file=str(self.cluster_file)),
             storage=StorageSection(
-                target_ids=[(i + 1) * 100 + 1], fsync=self.fsync, forward_timeout_s=5.0, forward_retry_s=30.0,
-                heartbeat_interval_s=0.2, routing_refresh_s=0.2,
+                target_ids=[(i + 1) * 100 + 1],
+                fsync=self.fsync,
+                forward_timeout_s=5.0,
+                forward_retry_s=30.0,
+                heartbeat_interval_s=0.2,
+                routing_refresh_s=0.2,
             ),
             transport=TransportSection(kind=self.transport),
         )
@@ -164,7 +200,9 @@ class MiniCluster:
         """Start every process at once (storage retries registering until mgmtd is up)."""
         self.running["mgmtd-1"] = spawn("mgmtd", self.mgmtd_config(), self.root, "mgmtd-1")
         for i in range(self.nodes):
-            self.running[f"storage-{i + 1}"] = spawn("storage", self.storage_config(i), self.root, f"storage-{i + 1}")
+            self.running[f"storage-{i + 1}"] = spawn(
+                "storage", self.storage_config(i), self.root, f"storage-{i + 1}"
+            )
         for p in list(self.running.values()):
             wait_ready(p)
         return self

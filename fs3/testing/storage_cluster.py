@@ -87,13 +87,22 @@ class InProcessCluster:
     def storage_config(self, i: int) -> StorageConfig:
         node_id = 10001 + i
         return StorageConfig(
-            node=NodeSection(id=node_id, host="127.0.0.1", port=0, data_dir=str(self.root / f"storage-{i + 1}"),
-                             name=f"storage-{i + 1}"),
+            node=NodeSection(
+                id=node_id,
+                host="127.0.0.1",
+                port=0,
+                data_dir=str(self.root / f"storage-{i + 1}"),
+                name=f"storage-{i + 1}",
+            ),
             cluster=ClusterSection(id="fs3", cluster_file=self.cluster_file),
             storage=StorageSection(
-                targets=[str(self.root / f"storage-{i + 1}" / "t1")], target_ids=[(i + 1) * 100 + 1],
-                fsync=self.fsync, forward_timeout_s=2.0, forward_retry_s=self.forward_retry_s,
-                heartbeat_interval_s=self.hb, routing_refresh_s=self.hb,
+                targets=[str(self.root / f"storage-{i + 1}" / "t1")],
+                target_ids=[(i + 1) * 100 + 1],
+                fsync=self.fsync,
+                forward_timeout_s=2.0,
+                forward_retry_s=self.forward_retry_s,
+                heartbeat_interval_s=self.hb,
+                routing_refresh_s=self.hb,
             ),
             transport=TransportSection(kind=self.transport),
         )
@@ -106,16 +115,24 @@ class InProcessCluster:
             cluster=ClusterSection(id="fs3", cluster_file=self.cluster_file),
             kv=KvSection(url="memory://"),
             mgmtd=MgmtdSection(
-                lease_length_s=10.0, lease_renew_interval_s=1.0, lease_safety_margin_s=2.0,
-                heartbeat_interval_s=self.hb, heartbeat_timeout_s=self.hb_timeout, check_interval_s=0.1,
+                lease_length_s=10.0,
+                lease_renew_interval_s=1.0,
+                lease_safety_margin_s=2.0,
+                heartbeat_interval_s=self.hb,
+                heartbeat_timeout_s=self.hb_timeout,
+                check_interval_s=0.1,
             ),
         )
         self._mgmtd_task = asyncio.create_task(mgmtd_serve(mcfg, self._mgmtd_stop))
-        self.admin = MgmtdClient.from_cluster_file(self.cluster_file, timeout_s=2.0, retry_deadline_s=20.0)
+        self.admin = MgmtdClient.from_cluster_file(
+            self.cluster_file, timeout_s=2.0, retry_deadline_s=20.0
+        )
         await self.admin.get_leader()
         for i in range(self.n):
             await self.start_node(i)
-        await self.wait(lambda r: all(r.has_target(t) for t in self.target_ids()), what="targets registered")
+        await self.wait(
+            lambda r: all(r.has_target(t) for t in self.target_ids()), what="targets registered"
+        )
         if self.create_table:
             await self.admin.create_chain_table(1, self.replicas)
             await self.wait_all_serving()
@@ -161,7 +178,9 @@ class InProcessCluster:
         assert info is not None
         return Routing(info)
 
-    async def wait(self, pred: Callable[[Routing], bool], *, timeout_s: float = 20.0, what: str = "") -> Routing:
+    async def wait(
+        self, pred: Callable[[Routing], bool], *, timeout_s: float = 20.0, what: str = ""
+    ) -> Routing:
         deadline = time.monotonic() + timeout_s
         while True:
             r = await self.routing()
@@ -175,7 +194,9 @@ class InProcessCluster:
         def ok(r: Routing) -> bool:
             chains = r.chains()
             return bool(chains) and all(
-                len(c.targets) == self.replicas and all(t.public_state == SERVING for t in c.targets) for c in chains
+                len(c.targets) == self.replicas
+                and all(t.public_state == SERVING for t in c.targets)
+                for c in chains
             )
 
         r = await self.wait(ok, timeout_s=timeout_s, what="all targets serving")

@@ -110,7 +110,9 @@ def decode_block(data: bytes, file_id: int, offset: int, size: int = DEFAULT_BLO
 @dataclass
 class BlockState:
     intents: set[int] = field(default_factory=set)  # every seq ever issued for this block
-    acked: list[tuple[int, float]] = field(default_factory=list)  # (seq, monotonic ack time), in order
+    acked: list[tuple[int, float]] = field(
+        default_factory=list
+    )  # (seq, monotonic ack time), in order
 
     @property
     def last_acked(self) -> int:
@@ -159,7 +161,9 @@ class Model:
         self.files: dict[int, FileState] = {}
         self.violations: list[Violation] = []
         self.counts: dict[str, int] = {}
-        self.reads_seen: list[tuple[str, int, int, int]] = []  # (reader, file id, block, seq) — bounded
+        self.reads_seen: list[
+            tuple[str, int, int, int]
+        ] = []  # (reader, file id, block, seq) — bounded
         self.max_reads_kept = 200_000
         self._seq = 0
         self._lock = threading.Lock()
@@ -197,8 +201,14 @@ class Model:
     def acked_since(self, t: float, writer_contains: str = "") -> int:
         """Writes acknowledged after monotonic time ``t`` by writers whose name contains the string."""
         with self._lock:
-            return sum(1 for f in self.files.values() if writer_contains in f.writer
-                       for b in f.blocks.values() for _, at in b.acked if at > t)
+            return sum(
+                1
+                for f in self.files.values()
+                if writer_contains in f.writer
+                for b in f.blocks.values()
+                for _, at in b.acked
+                if at > t
+            )
 
     def snapshot_acked(self, file_id: int, block: int) -> int:
         with self._lock:
@@ -234,16 +244,23 @@ class Model:
         fs = self.files[file_id]
         where = f"{reader} read {fs.path} block {block} (offset {off})"
         d = decode_block(data, file_id, off, size)
-        if d.kind == "zero" or (d.kind == "torn" and d.seq >= 0 and len(data) < size and data == make_block(
-            file_id, off, d.seq, size
-        )[: len(data)]):
+        if d.kind == "zero" or (
+            d.kind == "torn"
+            and d.seq >= 0
+            and len(data) < size
+            and data == make_block(file_id, off, d.seq, size)[: len(data)]
+        ):
             # nothing (or a prefix) there: fine only if nothing was acknowledged before the read began
             if floor_seq < 0 or allow_short:
                 self.count("reads_unwritten" if floor_seq < 0 else "reads_not_yet_visible")
                 return d
             kind = "ryw" if exact_seq is not None else "lost"
-            self.violate(kind, where, f"got {len(data)} bytes ({d.kind}) but write {floor_seq} was acknowledged "
-                         "before the read started")
+            self.violate(
+                kind,
+                where,
+                f"got {len(data)} bytes ({d.kind}) but write {floor_seq} was acknowledged "
+                "before the read started",
+            )
             return d
         if d.kind != "valid":
             self.violate(d.kind, where, d.detail)
@@ -252,7 +269,11 @@ class Model:
             self.violate("never-written", where, f"seq {d.seq} was never written to this block")
             return d
         if exact_seq is not None and d.seq != exact_seq:
-            self.violate("ryw", where, f"read back seq {d.seq} right after write {exact_seq} was acknowledged")
+            self.violate(
+                "ryw",
+                where,
+                f"read back seq {d.seq} right after write {exact_seq} was acknowledged",
+            )
         elif d.seq < floor_seq:
             self.violate("stale", where, f"seq {d.seq} after write {floor_seq} was acknowledged")
         with self._lock:
@@ -276,9 +297,14 @@ class Model:
                 self.violate("lost", f"{who}: {fs.path}", f"stat failed after recovery: {e}")
                 continue
             if size < n * self.block_size:
-                self.violate("lost", f"{who}: {fs.path}", f"length {size} < {n} acknowledged blocks "
-                             f"({n * self.block_size} bytes)")
-            with self._lock:  # floors before the read: a write acknowledged later may not be visible in it
+                self.violate(
+                    "lost",
+                    f"{who}: {fs.path}",
+                    f"length {size} < {n} acknowledged blocks ({n * self.block_size} bytes)",
+                )
+            with (
+                self._lock
+            ):  # floors before the read: a write acknowledged later may not be visible in it
                 floors = {b: st.last_acked for b, st in fs.blocks.items()}
             try:
                 whole = ops.read(fs.path, 0, max(size, n * self.block_size))  # one pass per file
@@ -461,7 +487,9 @@ class WorkloadConfig:
     block_size: int = DEFAULT_BLOCK
     files_per_writer: int = 2
     max_blocks: int = 24  # per file (24 x 64 KiB = 1.5 MiB: crosses a 1 MiB chunk boundary)
-    overwrite_ratio: float = 0.4  # chance a writer overwrites an existing block instead of appending
+    overwrite_ratio: float = (
+        0.4  # chance a writer overwrites an existing block instead of appending
+    )
     readback_ratio: float = 0.5  # chance a writer reads its write back (read-your-writes)
     error_backoff_s: float = 0.05
     pause_s: float = 0.0  # between operations of one thread (throttle)
@@ -506,17 +534,23 @@ class Workload:
         for wi, ops in enumerate(self.writers):
             for j in range(self.cfg.files_per_writer):
                 fid += 1
-                self.model.add_file(fid, f"{self.cfg.root}/w{wi}-{ops.name}-f{j}", f"w{wi}-{ops.name}")
+                self.model.add_file(
+                    fid, f"{self.cfg.root}/w{wi}-{ops.name}-f{j}", f"w{wi}-{ops.name}"
+                )
 
     # -- control
 
     def start(self) -> Workload:
         self.writers[0].makedirs(self.cfg.root)
         for i, ops in enumerate(self.writers):
-            t = threading.Thread(target=self._writer, args=(i, ops), name=f"writer-{i}-{ops.name}", daemon=True)
+            t = threading.Thread(
+                target=self._writer, args=(i, ops), name=f"writer-{i}-{ops.name}", daemon=True
+            )
             self._threads.append(t)
         for i, ops in enumerate(self.readers):
-            t = threading.Thread(target=self._reader, args=(i, ops), name=f"reader-{i}-{ops.name}", daemon=True)
+            t = threading.Thread(
+                target=self._reader, args=(i, ops), name=f"reader-{i}-{ops.name}", daemon=True
+            )
             self._threads.append(t)
         for t in self._threads:
             t.start()
@@ -533,7 +567,9 @@ class Workload:
             if t.is_alive():
                 stuck.append(t.name)
         if stuck:
-            self.model.violate("hang", ",".join(stuck), f"did not finish within {timeout_s:.0f}s of stop")
+            self.model.violate(
+                "hang", ",".join(stuck), f"did not finish within {timeout_s:.0f}s of stop"
+            )
         return stuck
 
     def pause(self) -> None:
@@ -599,8 +635,15 @@ class Workload:
                 except Exception as e:
                     self._err(who, e)
                 else:
-                    self.model.check_read(who, fs.file_id, block, back, floor_seq=seq, allow_short=False,
-                                          exact_seq=seq)
+                    self.model.check_read(
+                        who,
+                        fs.file_id,
+                        block,
+                        back,
+                        floor_seq=seq,
+                        allow_short=False,
+                        exact_seq=seq,
+                    )
             if self.cfg.pause_s:
                 self._stop.wait(self.cfg.pause_s)
 
@@ -630,8 +673,9 @@ class Workload:
                 self._stop.wait(self.cfg.error_backoff_s)
                 continue
             # A POSIX reader may see a cached (older) file length from another client's append.
-            self.model.check_read(who, fs.file_id, block, data, floor_seq=floor,
-                                  allow_short=isinstance(ops, PosixOps))
+            self.model.check_read(
+                who, fs.file_id, block, data, floor_seq=floor, allow_short=isinstance(ops, PosixOps)
+            )
             if self.cfg.pause_s:
                 self._stop.wait(self.cfg.pause_s)
 
@@ -642,7 +686,9 @@ class Workload:
 @dataclass
 class NsState:
     present: dict[str, bytes] = field(default_factory=dict)  # name -> content, certainly present
-    uncertain: dict[str, set[bytes | None]] = field(default_factory=dict)  # name -> possible contents (None: absent)
+    uncertain: dict[str, set[bytes | None]] = field(
+        default_factory=dict
+    )  # name -> possible contents (None: absent)
 
 
 class NamespaceStorm:
@@ -654,7 +700,9 @@ class NamespaceStorm:
     check accepts either outcome for uncertain names only.
     """
 
-    def __init__(self, clients: Iterable[FileOps], *, root: str = "/ns", seed: int = 0, pause_s: float = 0.0) -> None:
+    def __init__(
+        self, clients: Iterable[FileOps], *, root: str = "/ns", seed: int = 0, pause_s: float = 0.0
+    ) -> None:
         self.clients = list(clients)
         self.root = root
         self.seed = seed
@@ -675,7 +723,9 @@ class NamespaceStorm:
         for i, ops in enumerate(self.clients):
             ops.makedirs(self.dir(i))
         for i, ops in enumerate(self.clients):
-            t = threading.Thread(target=self._run, args=(i, ops), name=f"ns-{i}-{ops.name}", daemon=True)
+            t = threading.Thread(
+                target=self._run, args=(i, ops), name=f"ns-{i}-{ops.name}", daemon=True
+            )
             self._threads.append(t)
             t.start()
         return self
@@ -689,7 +739,9 @@ class NamespaceStorm:
             if t.is_alive():
                 stuck.append(t.name)
         if stuck:
-            self.violations.append(Violation("hang", ",".join(stuck), f"did not finish within {timeout_s:.0f}s"))
+            self.violations.append(
+                Violation("hang", ",".join(stuck), f"did not finish within {timeout_s:.0f}s")
+            )
         return stuck
 
     def _anomaly(self, what: str) -> None:
@@ -715,7 +767,9 @@ class NamespaceStorm:
                     except FileExistsError:
                         # The name is fresh, so only an earlier attempt of this very call can have
                         # created it: a retry that was not idempotent. Counted; outcome stays open.
-                        self._anomaly(f"create {d}/{name}: EEXIST for a fresh name (retried create)")
+                        self._anomaly(
+                            f"create {d}/{name}: EEXIST for a fresh name (retried create)"
+                        )
                         st.uncertain[name] = {None, b"", content}
                         continue
                     del st.uncertain[name]
@@ -732,7 +786,9 @@ class NamespaceStorm:
                         # a retried rename whose first attempt succeeded — verify by looking
                         if ops.listdir(d).count(dst) != 1:
                             raise
-                        self._anomaly(f"rename {d}/{src}: ENOENT although it took effect (retried rename)")
+                        self._anomaly(
+                            f"rename {d}/{src}: ENOENT although it took effect (retried rename)"
+                        )
                     del st.uncertain[src], st.uncertain[dst]
                     st.present[dst] = content
                 else:
@@ -744,7 +800,9 @@ class NamespaceStorm:
                     except FileNotFoundError:
                         if victim in ops.listdir(d):
                             raise
-                        self._anomaly(f"unlink {d}/{victim}: ENOENT although it took effect (retried unlink)")
+                        self._anomaly(
+                            f"unlink {d}/{victim}: ENOENT although it took effect (retried unlink)"
+                        )
                     del st.uncertain[victim]
                 with self._lock:
                     self.ops += 1
@@ -752,7 +810,9 @@ class NamespaceStorm:
                 with self._lock:
                     self.errors += 1
                 if not _is_expected_failure(e):
-                    self.violations.append(Violation("crash", f"ns-{i}", f"unexpected {type(e).__name__}: {e}"))
+                    self.violations.append(
+                        Violation("crash", f"ns-{i}", f"unexpected {type(e).__name__}: {e}")
+                    )
                 self._stop.wait(0.05)
             if self.pause_s:
                 self._stop.wait(self.pause_s)
@@ -769,19 +829,31 @@ class NamespaceStorm:
                 continue
             for name, content in st.present.items():
                 if name not in listed:
-                    out.append(Violation("namespace", f"{d}/{name}", "acknowledged entry is missing"))
+                    out.append(
+                        Violation("namespace", f"{d}/{name}", "acknowledged entry is missing")
+                    )
                     continue
                 got = ops.read_all(f"{d}/{name}")
                 if got != content:
-                    out.append(Violation("namespace", f"{d}/{name}", f"content {got!r} != {content!r}"))
+                    out.append(
+                        Violation("namespace", f"{d}/{name}", f"content {got!r} != {content!r}")
+                    )
             for name in listed - set(st.present):
                 if name not in st.uncertain:
-                    out.append(Violation("namespace", f"{d}/{name}", "entry present that was never acknowledged "
-                                         "(or was removed/renamed away)"))
+                    out.append(
+                        Violation(
+                            "namespace",
+                            f"{d}/{name}",
+                            "entry present that was never acknowledged "
+                            "(or was removed/renamed away)",
+                        )
+                    )
                     continue
                 got = ops.read_all(f"{d}/{name}")
                 if got not in st.uncertain[name]:
-                    out.append(Violation("namespace", f"{d}/{name}", f"uncertain entry holds {got!r}"))
+                    out.append(
+                        Violation("namespace", f"{d}/{name}", f"uncertain entry holds {got!r}")
+                    )
             for name, outcomes in st.uncertain.items():
                 if name not in listed and None not in outcomes:
                     out.append(Violation("namespace", f"{d}/{name}", "missing"))
@@ -789,9 +861,13 @@ class NamespaceStorm:
         return out
 
     def summary(self) -> dict[str, int]:
-        return {"ns_ops": self.ops, "ns_errors": self.errors, "ns_violations": len(self.violations),
-                "ns_retry_anomalies": len(self.anomalies),
-                "ns_uncertain": sum(len(s.uncertain) for s in self.states)}
+        return {
+            "ns_ops": self.ops,
+            "ns_errors": self.errors,
+            "ns_violations": len(self.violations),
+            "ns_retry_anomalies": len(self.anomalies),
+            "ns_uncertain": sum(len(s.uncertain) for s in self.states),
+        }
 
 
 def retry_until(fn: Callable[[], Any], timeout_s: float, what: str, interval: float = 0.2) -> Any:
@@ -803,7 +879,17 @@ def retry_until(fn: Callable[[], Any], timeout_s: float, what: str, interval: fl
         except OSError as e:
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"{what}: still failing after {timeout_s:.0f}s: {e}") from e
-            if e.errno not in (None, errno.EIO, errno.ENOTCONN, errno.ETIMEDOUT, errno.EAGAIN, errno.ENOSPC,
-                               errno.EHOSTUNREACH, errno.ECONNREFUSED, errno.ENOENT, errno.ESTALE):
+            if e.errno not in (
+                None,
+                errno.EIO,
+                errno.ENOTCONN,
+                errno.ETIMEDOUT,
+                errno.EAGAIN,
+                errno.ENOSPC,
+                errno.EHOSTUNREACH,
+                errno.ECONNREFUSED,
+                errno.ENOENT,
+                errno.ESTALE,
+            ):
                 raise
             time.sleep(interval)

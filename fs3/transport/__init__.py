@@ -26,7 +26,9 @@ from fs3.transport.server import ServerTransport
 from fs3.transport.shm import is_region_error
 
 
-def client_transport(kind: str, client_id: str, config: Any = None, **kwargs: Any) -> ClientTransport:
+def client_transport(
+    kind: str, client_id: str, config: Any = None, **kwargs: Any
+) -> ClientTransport:
     """A client transport of ``kind`` (grpc | tcp | shm | rdma).
 
     ``config`` may be a :class:`fs3.config.TransportSection` whose tunables are

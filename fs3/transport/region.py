@@ -97,7 +97,6 @@ def process_start_time(pid: int) -> str | None:
     return rest[19].decode() if len(rest) > 19 else ""
 
 
-
 _swept: set[str] = set()
 
 
@@ -120,6 +119,7 @@ def sweep_dead_regions(prefix: str) -> int:
         except OSError:
             pass
     return removed
+
 
 class ShmRegion:
     """A shared-memory file mapped read-write into this process.
@@ -172,7 +172,9 @@ class ShmRegion:
         try:
             fd = os.open(real, os.O_RDWR | os.O_NOFOLLOW)
         except OSError as e:
-            raise FsError(Code.INVALID_ARGUMENT, f"cannot open shared memory {path!r}: {e.strerror}") from None
+            raise FsError(
+                Code.INVALID_ARGUMENT, f"cannot open shared memory {path!r}: {e.strerror}"
+            ) from None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -180,7 +182,9 @@ class ShmRegion:
             if size is None:
                 size = st.st_size
             if size <= 0 or size > st.st_size:
-                raise invalid(f"region size {size} does not fit file {path!r} of {st.st_size} bytes")
+                raise invalid(
+                    f"region size {size} does not fit file {path!r} of {st.st_size} bytes"
+                )
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)

@@ -118,7 +118,9 @@ class ServerTransport:
 
     # -- read path ----------------------------------------------------------------
 
-    async def deliver_file(self, ref: transport_pb2.DataRef, fd: int, offset: int, length: int) -> int:
+    async def deliver_file(
+        self, ref: transport_pb2.DataRef, fd: int, offset: int, length: int
+    ) -> int:
         """Move ``length`` bytes of file ``fd`` at ``offset`` to the destination ``ref`` names.
 
         Returns the bytes delivered (fewer at end of file). Inline refs are
@@ -130,14 +132,20 @@ class ServerTransport:
         if kind == "shm":
             view = self.regions.view(ref.shm)
             if length > len(view):
-                raise invalid(f"cannot deliver {length} bytes into a {len(view)}-byte shm destination")
+                raise invalid(
+                    f"cannot deliver {length} bytes into a {len(view)}-byte shm destination"
+                )
             try:
-                return await preadv_into(fd, view[:length], offset, thread_threshold=self._pread_thread_threshold)
+                return await preadv_into(
+                    fd, view[:length], offset, thread_threshold=self._pread_thread_threshold
+                )
             finally:
                 view.release()
         if kind == "tcp":
             return await self._tcp_server().deliver_file(ref.tcp, fd, offset, length)
-        raise invalid("inline DataRef: return the bytes in the RPC response instead of delivering them")
+        raise invalid(
+            "inline DataRef: return the bytes in the RPC response instead of delivering them"
+        )
 
     def shm_dest_view(self, ref: transport_pb2.DataRef) -> memoryview | None:
         """The client memory a shm read destination names (writable, bounds-checked), else None.
@@ -150,19 +158,29 @@ class ServerTransport:
             return None
         return self.regions.view(ref.shm)
 
-    async def deliver_bytes(self, ref: transport_pb2.DataRef, data: memoryview | bytes | bytearray) -> int:
+    async def deliver_bytes(
+        self, ref: transport_pb2.DataRef, data: memoryview | bytes | bytearray
+    ) -> int:
         """Like :meth:`deliver_file` for bytes already in memory."""
         kind = ref_kind(ref)
-        src = memoryview(data).cast("B") if not isinstance(data, memoryview) or data.format != "B" else data
+        src = (
+            memoryview(data).cast("B")
+            if not isinstance(data, memoryview) or data.format != "B"
+            else data
+        )
         if kind == "shm":
             view = self.regions.view(ref.shm)
             try:
                 if len(src) > len(view):
-                    raise invalid(f"cannot deliver {len(src)} bytes into a {len(view)}-byte shm destination")
+                    raise invalid(
+                        f"cannot deliver {len(src)} bytes into a {len(view)}-byte shm destination"
+                    )
                 view[: len(src)] = src
                 return len(src)
             finally:
                 view.release()
         if kind == "tcp":
             return await self._tcp_server().deliver_bytes(ref.tcp, src)
-        raise invalid("inline DataRef: return the bytes in the RPC response instead of delivering them")
+        raise invalid(
+            "inline DataRef: return the bytes in the RPC response instead of delivering them"
+        )

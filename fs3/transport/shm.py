@@ -61,7 +61,11 @@ def is_region_error(err: BaseException) -> bool:
     Happens after the storage process restarted; call
     ``transport.forget_node(node_address)`` and retry (registration is lazy).
     """
-    return isinstance(err, FsError) and err.code == Code.INVALID_ARGUMENT and err.message.startswith(UNKNOWN_REGION)
+    return (
+        isinstance(err, FsError)
+        and err.code == Code.INVALID_ARGUMENT
+        and err.message.startswith(UNKNOWN_REGION)
+    )
 
 
 # --------------------------------------------------------------------------- server side
@@ -117,7 +121,14 @@ class ShmRegistry:
         if old is not None:
             self._bury(old.region)
         self._regions[req.region] = _Registered(req.client_id, req.region, req.pid, start, region)
-        event(log, "shm region registered", client=req.client_id, region=req.region, size=req.size, pid=req.pid)
+        event(
+            log,
+            "shm region registered",
+            client=req.client_id,
+            region=req.region,
+            size=req.size,
+            pid=req.pid,
+        )
 
     def unregister(self, client_id: str, region_id: str) -> bool:
         reg = self._regions.get(region_id)
@@ -277,9 +288,13 @@ class _Staging:
                 off = arena.alloc(size)
                 if off is not None:
                     return _Slot(arena, off, size, arena.region.buf[off : off + size])
-            want = self.arena_bytes if size <= self.arena_bytes else (size + (1 << 20) - 1) >> 20 << 20
+            want = (
+                self.arena_bytes if size <= self.arena_bytes else (size + (1 << 20) - 1) >> 20 << 20
+            )
             if self.total() + want <= self.max_bytes or not self.arenas:
-                arena = _Arena(ShmRegion.create(want, prefix="fs3-staging"), dedicated=size > self.arena_bytes)
+                arena = _Arena(
+                    ShmRegion.create(want, prefix="fs3-staging"), dedicated=size > self.arena_bytes
+                )
                 self.arenas.append(arena)
                 off = arena.alloc(size)
                 assert off is not None
@@ -336,7 +351,9 @@ class _StagedRead:
 
     async def __call__(self, n: int) -> None:
         if not 0 <= n <= len(self._dest):
-            raise invalid(f"read completion of {n} bytes does not fit a {len(self._dest)}-byte buffer")
+            raise invalid(
+                f"read completion of {n} bytes does not fit a {len(self._dest)}-byte buffer"
+            )
         self._dest[:n] = self._slot.view[:n]
         self._fin()
 
@@ -411,7 +428,8 @@ class ShmClientTransport(ClientTransport):
 
     async def _unregister_everywhere_ids(self, region_id: str) -> None:
         await asyncio.gather(
-            *(self._unregister_on(node, region_id) for node in list(self._nodes)), return_exceptions=True
+            *(self._unregister_on(node, region_id) for node in list(self._nodes)),
+            return_exceptions=True,
         )
 
     async def _ensure_registered(self, node: str, region: ShmRegion) -> None:
@@ -423,12 +441,18 @@ class ShmClientTransport(ClientTransport):
             try:
                 stub = transport_pb2_grpc.TransportServiceStub(self._pool.get(node))
                 req = transport_pb2.RegisterRegionRequest(
-                    client_id=self.client_id, region=region.id, path=region.path, size=region.size, pid=os.getpid()
+                    client_id=self.client_id,
+                    region=region.id,
+                    path=region.path,
+                    size=region.size,
+                    pid=os.getpid(),
                 )
                 await call(stub.RegisterRegion, req, timeout=self._rpc_timeout_s)
             except BaseException as e:
                 st.registered.pop(region.id, None)
-                fut.set_exception(e if isinstance(e, Exception) else FsError(Code.CANCELLED, "cancelled"))
+                fut.set_exception(
+                    e if isinstance(e, Exception) else FsError(Code.CANCELLED, "cancelled")
+                )
                 fut.exception()  # mark retrieved: other waiters see it through await
                 raise
             fut.set_result(None)
@@ -471,7 +495,9 @@ class ShmClientTransport(ClientTransport):
         else:
             region, offset = found
         await self._ensure_registered(node_address, region)
-        ref = transport_pb2.DataRef(shm=transport_pb2.ShmRef(region=region.id, offset=offset, length=n))
+        ref = transport_pb2.DataRef(
+            shm=transport_pb2.ShmRef(region=region.id, offset=offset, length=n)
+        )
         return ref, done
 
     async def read_ref(
@@ -495,7 +521,9 @@ class ShmClientTransport(ClientTransport):
         else:
             region, offset = found
         await self._ensure_registered(node_address, region)
-        ref = transport_pb2.DataRef(shm=transport_pb2.ShmRef(region=region.id, offset=offset, length=n))
+        ref = transport_pb2.DataRef(
+            shm=transport_pb2.ShmRef(region=region.id, offset=offset, length=n)
+        )
         return ref, complete
 
     async def close(self) -> None:
@@ -505,7 +533,9 @@ class ShmClientTransport(ClientTransport):
         ids = list(self._regions) + [a.region.id for a in self._staging.arenas]
         try:
             await asyncio.wait_for(
-                asyncio.gather(*(self._unregister_everywhere(rid) for rid in ids), return_exceptions=True),
+                asyncio.gather(
+                    *(self._unregister_everywhere(rid) for rid in ids), return_exceptions=True
+                ),
                 timeout=self._rpc_timeout_s,
             )
         except TimeoutError:

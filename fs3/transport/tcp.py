@@ -85,7 +85,9 @@ async def _wait_writable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -
         loop.remove_writer(fd)
 
 
-async def recv_exact_into(loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview) -> None:
+async def recv_exact_into(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview
+) -> None:
     """Fill ``view`` from ``sock``; ConnectionError on EOF."""
     got, n = 0, len(view)
     while got < n:
@@ -95,7 +97,9 @@ async def recv_exact_into(loop: asyncio.AbstractEventLoop, sock: socket.socket, 
         got += k
 
 
-async def drain(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int, scratch: memoryview) -> None:
+async def drain(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int, scratch: memoryview
+) -> None:
     """Read and discard ``n`` bytes (a frame nobody is waiting for)."""
     while n > 0:
         k = min(n, len(scratch))
@@ -103,7 +107,9 @@ async def drain(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int, sc
         n -= k
 
 
-async def sendmsg_all(loop: asyncio.AbstractEventLoop, sock: socket.socket, buffers: list[memoryview]) -> None:
+async def sendmsg_all(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, buffers: list[memoryview]
+) -> None:
     """Send all ``buffers`` with scatter/gather ``sendmsg`` (no joining copies)."""
     bufs = [b for b in buffers if len(b)]
     while bufs:
@@ -121,7 +127,9 @@ async def sendmsg_all(loop: asyncio.AbstractEventLoop, sock: socket.socket, buff
                 n = 0
 
 
-async def sendfile_all(loop: asyncio.AbstractEventLoop, sock: socket.socket, fd: int, offset: int, count: int) -> None:
+async def sendfile_all(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, fd: int, offset: int, count: int
+) -> None:
     """``os.sendfile`` ``count`` bytes of ``fd`` from ``offset`` (file pages go to the socket in-kernel)."""
     sent = 0
     out = sock.fileno()
@@ -174,7 +182,9 @@ class _ServerConn:
 class TcpServer:
     """The data listener of one storage process."""
 
-    def __init__(self, *, port: int = 0, timeout_s: float = 30.0, max_unclaimed_bytes: int = 1 << 30) -> None:
+    def __init__(
+        self, *, port: int = 0, timeout_s: float = 30.0, max_unclaimed_bytes: int = 1 << 30
+    ) -> None:
         self.port = port
         self.timeout_s = timeout_s
         self.max_unclaimed_bytes = max_unclaimed_bytes
@@ -189,13 +199,19 @@ class TcpServer:
         return len(self._conns)
 
     async def start(self, host: str) -> None:
-        lsock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        lsock = socket.socket(
+            socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM
+        )
         lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             lsock.bind((host, self.port))
         except OSError as e:
             lsock.close()
-            raise FsError(Code.UNAVAILABLE, f"cannot listen for tcp data on {host}:{self.port}: {e.strerror}", retryable=False) from None
+            raise FsError(
+                Code.UNAVAILABLE,
+                f"cannot listen for tcp data on {host}:{self.port}: {e.strerror}",
+                retryable=False,
+            ) from None
         lsock.listen(512)
         lsock.setblocking(False)
         self._listener = lsock
@@ -246,7 +262,9 @@ class TcpServer:
             raise
         except (OSError, EOFError, TimeoutError, ValueError, struct.error) as e:
             if conn is not None:
-                conn.error = transport_error(f"data connection {conn.conn_id} from {peer} lost: {e}")
+                conn.error = transport_error(
+                    f"data connection {conn.conn_id} from {peer} lost: {e}"
+                )
         finally:
             if conn is not None:
                 self._drop(conn)
@@ -268,7 +286,9 @@ class TcpServer:
                     await drain(loop, conn.sock, length, scratch)
                     if not w.fut.done():
                         w.fut.set_exception(
-                            invalid(f"tcp transfer {tid}: frame of {length} bytes, ref says {len(w.buf)}")
+                            invalid(
+                                f"tcp transfer {tid}: frame of {length} bytes, ref says {len(w.buf)}"
+                            )
                         )
                     continue
                 await recv_exact_into(loop, conn.sock, memoryview(w.buf))
@@ -307,7 +327,9 @@ class TcpServer:
     def _conn(self, ref: transport_pb2.TcpRef) -> _ServerConn:
         conn = self._conns.get(ref.conn_id)
         if conn is None:
-            raise transport_error(f"no tcp data connection {ref.conn_id} (client reconnected or gone)")
+            raise transport_error(
+                f"no tcp data connection {ref.conn_id} (client reconnected or gone)"
+            )
         return conn
 
     async def fetch(self, ref: transport_pb2.TcpRef) -> memoryview:
@@ -319,7 +341,9 @@ class TcpServer:
             buf = got[0]
             conn.arrived_bytes -= len(buf)
             if len(buf) != ref.length:
-                raise invalid(f"tcp transfer {ref.transfer_id}: frame of {len(buf)} bytes, ref says {ref.length}")
+                raise invalid(
+                    f"tcp transfer {ref.transfer_id}: frame of {len(buf)} bytes, ref says {ref.length}"
+                )
             return memoryview(buf)
         if ref.length == 0:
             return memoryview(b"")
@@ -338,7 +362,15 @@ class TcpServer:
             if w is not None and w.fut is fut:
                 del conn.waiting[ref.transfer_id]
 
-    async def _send(self, conn: _ServerConn, tid: int, length: int, body: memoryview | None, fd: int, offset: int) -> None:
+    async def _send(
+        self,
+        conn: _ServerConn,
+        tid: int,
+        length: int,
+        body: memoryview | None,
+        fd: int,
+        offset: int,
+    ) -> None:
         loop = asyncio.get_running_loop()
         header = memoryview(FRAME.pack(FRAME_MAGIC, 0, tid, length))
         async with conn.send_lock:
@@ -359,7 +391,9 @@ class TcpServer:
                     raise
                 raise conn.error from None
 
-    async def deliver_file(self, ref: transport_pb2.TcpRef, fd: int, offset: int, length: int) -> int:
+    async def deliver_file(
+        self, ref: transport_pb2.TcpRef, fd: int, offset: int, length: int
+    ) -> int:
         conn = self._conn(ref)
         if length > ref.length:
             raise invalid(f"cannot deliver {length} bytes into a {ref.length}-byte tcp destination")
@@ -368,11 +402,15 @@ class TcpServer:
         await self._send(conn, ref.transfer_id, n, None, fd, offset)
         return n
 
-    async def deliver_bytes(self, ref: transport_pb2.TcpRef, data: memoryview | bytes | bytearray) -> int:
+    async def deliver_bytes(
+        self, ref: transport_pb2.TcpRef, data: memoryview | bytes | bytearray
+    ) -> int:
         conn = self._conn(ref)
         body = _view(data)
         if body.nbytes > ref.length:
-            raise invalid(f"cannot deliver {body.nbytes} bytes into a {ref.length}-byte tcp destination")
+            raise invalid(
+                f"cannot deliver {body.nbytes} bytes into a {ref.length}-byte tcp destination"
+            )
         await self._send(conn, ref.transfer_id, body.nbytes, body, -1, 0)
         return body.nbytes
 
@@ -425,7 +463,9 @@ class _ClientConn:
 class _TcpRead:
     """``complete(n)`` of a tcp read: wait until the frame landed in ``dest``."""
 
-    def __init__(self, conn: _ClientConn, tid: int, fut: asyncio.Future[int], timeout_s: float) -> None:
+    def __init__(
+        self, conn: _ClientConn, tid: int, fut: asyncio.Future[int], timeout_s: float
+    ) -> None:
         self._conn = conn
         self._tid = tid
         self._fut = fut
@@ -443,7 +483,9 @@ class _TcpRead:
                     f"tcp read {self._tid} on connection {self._conn.conn_id}: no data after {self._timeout_s}s"
                 ) from None
             if got != n:
-                raise transport_error(f"tcp read {self._tid}: {got} bytes arrived, server reported {n}")
+                raise transport_error(
+                    f"tcp read {self._tid}: {got} bytes arrived, server reported {n}"
+                )
         finally:
             self._fin()
 
@@ -462,7 +504,9 @@ def _consume(task: asyncio.Task[None]) -> None:
 class TcpClientTransport(ClientTransport):
     kind = "tcp"
 
-    def __init__(self, client_id: str, *, timeout_s: float = 30.0, connect_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, client_id: str, *, timeout_s: float = 30.0, connect_timeout_s: float = 5.0
+    ) -> None:
         super().__init__(client_id)
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -485,7 +529,11 @@ class TcpClientTransport(ClientTransport):
         try:
             conn = await self._connect(data_address)
         except BaseException as e:
-            err = e if isinstance(e, FsError) else transport_error(f"connect to {data_address}: {e!r}")
+            err = (
+                e
+                if isinstance(e, FsError)
+                else transport_error(f"connect to {data_address}: {e!r}")
+            )
             fut.set_exception(err)
             fut.exception()
             if isinstance(e, FsError | OSError | TimeoutError):
@@ -512,20 +560,28 @@ class TcpClientTransport(ClientTransport):
         try:
             await asyncio.wait_for(loop.sock_connect(sock, (host, port)), self.connect_timeout_s)
             cid = self.client_id.encode()[:MAX_CLIENT_ID]
-            await sendmsg_all(loop, sock, [memoryview(HELLO.pack(MAGIC, len(cid))), memoryview(cid)])
+            await sendmsg_all(
+                loop, sock, [memoryview(HELLO.pack(MAGIC, len(cid))), memoryview(cid)]
+            )
             hdr = bytearray(WELCOME.size)
-            await asyncio.wait_for(recv_exact_into(loop, sock, memoryview(hdr)), self.connect_timeout_s)
+            await asyncio.wait_for(
+                recv_exact_into(loop, sock, memoryview(hdr)), self.connect_timeout_s
+            )
             magic, conn_id = WELCOME.unpack(hdr)
             if magic != MAGIC:
                 raise ConnectionError("not an fs3 data port")
         except (OSError, TimeoutError) as e:
             sock.close()
-            raise transport_error(f"cannot open tcp data connection to {data_address}: {e!r}") from None
+            raise transport_error(
+                f"cannot open tcp data connection to {data_address}: {e!r}"
+            ) from None
         except BaseException:
             sock.close()
             raise
         conn = _ClientConn(data_address, sock, conn_id)
-        conn.reader = asyncio.create_task(self._read_frames(conn), name=f"tcp-data-reader-{data_address}")
+        conn.reader = asyncio.create_task(
+            self._read_frames(conn), name=f"tcp-data-reader-{data_address}"
+        )
         return conn
 
     async def _read_frames(self, conn: _ClientConn) -> None:
@@ -545,7 +601,9 @@ class TcpClientTransport(ClientTransport):
                         scratch = memoryview(bytearray(_SCRATCH))
                     await drain(loop, conn.sock, length, scratch)
                     if p is not None and not p.fut.done():
-                        p.fut.set_exception(invalid(f"tcp read {tid}: {length} bytes do not fit {len(p.dest)}"))
+                        p.fut.set_exception(
+                            invalid(f"tcp read {tid}: {length} bytes do not fit {len(p.dest)}")
+                        )
                     continue
                 await recv_exact_into(loop, conn.sock, p.dest[:length])
                 if not p.fut.done():
@@ -586,7 +644,9 @@ class TcpClientTransport(ClientTransport):
         tid = next(self._tids)
         task = asyncio.create_task(self._send_frame(conn, tid, view))
         task.add_done_callback(_consume)
-        ref = transport_pb2.DataRef(tcp=transport_pb2.TcpRef(conn_id=conn.conn_id, transfer_id=tid, length=view.nbytes))
+        ref = transport_pb2.DataRef(
+            tcp=transport_pb2.TcpRef(conn_id=conn.conn_id, transfer_id=tid, length=view.nbytes)
+        )
         return ref, task
 
     async def read_ref(
@@ -602,7 +662,9 @@ class TcpClientTransport(ClientTransport):
         tid = next(self._tids)
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         conn.pending[tid] = _Pending(view, fut)
-        ref = transport_pb2.DataRef(tcp=transport_pb2.TcpRef(conn_id=conn.conn_id, transfer_id=tid, length=view.nbytes))
+        ref = transport_pb2.DataRef(
+            tcp=transport_pb2.TcpRef(conn_id=conn.conn_id, transfer_id=tid, length=view.nbytes)
+        )
         return ref, _TcpRead(conn, tid, fut, self.timeout_s)
 
     def forget_node(self, node_address: str) -> None:
@@ -614,4 +676,6 @@ class TcpClientTransport(ClientTransport):
         for c in conns:
             if c.reader is not None:
                 c.reader.cancel()
-        await asyncio.gather(*(c.reader for c in conns if c.reader is not None), return_exceptions=True)
+        await asyncio.gather(
+            *(c.reader for c in conns if c.reader is not None), return_exceptions=True
+        )

@@ -146,7 +146,9 @@ class UsrbioAgent:
 
     # -- serving ------------------------------------------------------------------
 
-    async def serve(self, socket_path: str, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+    async def serve(
+        self, socket_path: str, *, task_status: Any = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Listen on ``socket_path`` until cancelled (reports started once listening)."""
         _prepare_socket_path(socket_path)
         listener = await anyio.create_unix_listener(socket_path)
@@ -182,7 +184,12 @@ class UsrbioAgent:
                     raise _RefusedError(_errno.EINVAL, f"unknown op {op!r}")
             except _RefusedError as e:
                 await _reply(stream, {"ok": False, "errno": e.errno, "message": e.message})
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, TimeoutError):
+            except (
+                anyio.EndOfStream,
+                anyio.BrokenResourceError,
+                anyio.ClosedResourceError,
+                TimeoutError,
+            ):
                 pass
             except (ValueError, OSError) as e:
                 log.warning("usrbio: bad registration: %s", e)
@@ -191,7 +198,13 @@ class UsrbioAgent:
 
     # -- Iovs -----------------------------------------------------------------------
 
-    async def _serve_iov(self, stream: SocketStream, buffered: BufferedByteReceiveStream, msg: dict[str, Any], peer: _Peer) -> None:
+    async def _serve_iov(
+        self,
+        stream: SocketStream,
+        buffered: BufferedByteReceiveStream,
+        msg: dict[str, Any],
+        peer: _Peer,
+    ) -> None:
         try:
             iov_id = bytes.fromhex(str(msg.get("id", "")))
         except ValueError:
@@ -237,7 +250,13 @@ class UsrbioAgent:
 
     # -- rings ----------------------------------------------------------------------
 
-    async def _serve_ring(self, stream: SocketStream, buffered: BufferedByteReceiveStream, msg: dict[str, Any], peer: _Peer) -> None:
+    async def _serve_ring(
+        self,
+        stream: SocketStream,
+        buffered: BufferedByteReceiveStream,
+        msg: dict[str, Any],
+        peer: _Peer,
+    ) -> None:
         path, size = _validated_path(msg.get("path"), IOR_PREFIX, msg.get("size"), peer.uid)
         try:
             region = ShmRegion.open(path, size)
@@ -253,7 +272,13 @@ class UsrbioAgent:
         self._rings += 1
         try:
             await _reply(stream, {"ok": True})
-            event(log, "usrbio ring registered", pid=peer.pid, entries=ring.entries, for_read=ring.for_read)
+            event(
+                log,
+                "usrbio ring registered",
+                pid=peer.pid,
+                entries=ring.entries,
+                for_read=ring.for_read,
+            )
             async with anyio.create_task_group() as tg:
                 await self._ring_loop(ctx, buffered, tg)
             # leaving the task group waited for every batch of this ring
@@ -322,7 +347,9 @@ class UsrbioAgent:
             ctx.inflight.discard(index)
             while not ctx.ring.push_cqe(index, result, userdata):
                 if time.monotonic() > deadline:  # the application stopped reaping: drop
-                    log.warning("usrbio: completion queue of pid %d stays full; dropping", ctx.peer.pid)
+                    log.warning(
+                        "usrbio: completion queue of pid %d stays full; dropping", ctx.peer.pid
+                    )
                     break
                 await anyio.sleep(0.001)
         try:
@@ -352,7 +379,13 @@ class UsrbioAgent:
             if key not in ctx.authorized:
                 hook = getattr(self.backend, "authorize", None)
                 if hook is not None:
-                    await hook(args.inode, uid=ctx.peer.uid, gid=ctx.peer.gid, pid=ctx.peer.pid, write=write)
+                    await hook(
+                        args.inode,
+                        uid=ctx.peer.uid,
+                        gid=ctx.peer.gid,
+                        pid=ctx.peer.pid,
+                        write=write,
+                    )
                 ctx.authorized.add(key)
             async with self._limiter:
                 if write:
@@ -418,7 +451,9 @@ def _prepare_socket_path(path: str) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     if os.path.exists(path):
         if _socket_alive(path):
-            raise FsError(Code.UNAVAILABLE, f"another usrbio agent is serving {path}", retryable=False)
+            raise FsError(
+                Code.UNAVAILABLE, f"another usrbio agent is serving {path}", retryable=False
+            )
         os.unlink(path)  # stale: a previous daemon crashed
 
 

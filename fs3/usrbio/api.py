@@ -52,7 +52,9 @@ _REPLY_TIMEOUT_S = 10.0
 
 
 def _agent_gone(where: str) -> FsError:
-    return FsError(Code.UNAVAILABLE, f"usrbio agent for {where} is gone", errno=_errno.EIO, retryable=False)
+    return FsError(
+        Code.UNAVAILABLE, f"usrbio agent for {where} is gone", errno=_errno.EIO, retryable=False
+    )
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -65,7 +67,9 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(out)
 
 
-def _register(mountpoint: str, agent_socket: str | None, msg: dict[str, Any]) -> tuple[socket.socket, str]:
+def _register(
+    mountpoint: str, agent_socket: str | None, msg: dict[str, Any]
+) -> tuple[socket.socket, str]:
     """Open a connection to the agent and register one object on it."""
     path = agent_socket or agent_socket_path(mountpoint)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -85,7 +89,11 @@ def _register(mountpoint: str, agent_socket: str | None, msg: dict[str, Any]) ->
         reply = json.loads(_recv_exact(sock, decode_len(_recv_exact(sock, 4))))
     except (OSError, ValueError) as e:
         sock.close()
-        raise FsError(Code.UNAVAILABLE, f"usrbio agent for {mountpoint!r} did not answer: {e}", errno=_errno.EIO) from None
+        raise FsError(
+            Code.UNAVAILABLE,
+            f"usrbio agent for {mountpoint!r} did not answer: {e}",
+            errno=_errno.EIO,
+        ) from None
     if not reply.get("ok"):
         sock.close()
         raise FsError(
@@ -114,7 +122,9 @@ class Iov:
         self._region = ShmRegion.create(size, prefix=IOV_PREFIX, region_id=self.id.hex)
         try:
             self._sock, self.agent_socket = _register(
-                mountpoint, agent_socket, {"op": "iov", "id": self.id.hex, "path": self._region.path, "size": size}
+                mountpoint,
+                agent_socket,
+                {"op": "iov", "id": self.id.hex, "path": self._region.path, "size": size},
             )
         except BaseException:
             self._region.close()
@@ -187,13 +197,17 @@ class Ior:
         try:
             self._dev = os.stat(mountpoint).st_dev
         except OSError as e:
-            raise FsError(Code.INVALID_ARGUMENT, f"mount point {mountpoint!r}: {e.strerror}", errno=e.errno) from None
+            raise FsError(
+                Code.INVALID_ARGUMENT, f"mount point {mountpoint!r}: {e.strerror}", errno=e.errno
+            ) from None
         self._region = ShmRegion.create(ring_size(entries), prefix=IOR_PREFIX)
         timeout_ms = -1 if timeout is None else max(0, int(timeout * 1000))
         self._ring = Ring.init(self._region.buf, entries, for_read, io_depth, timeout_ms)
         try:
             self._sock, self.agent_socket = _register(
-                mountpoint, agent_socket, {"op": "ior", "path": self._region.path, "size": self._region.size}
+                mountpoint,
+                agent_socket,
+                {"op": "ior", "path": self._region.path, "size": self._region.size},
             )
         except BaseException:
             self._ring.release()
@@ -262,7 +276,11 @@ def reg_fd(fd: int) -> int:
     if old is not None:
         os.close(old.pin)
     _fds[fd] = _RegFd(
-        st.st_dev, st.st_ino, acc in (os.O_RDONLY, os.O_RDWR), acc in (os.O_WRONLY, os.O_RDWR), os.dup(fd)
+        st.st_dev,
+        st.st_ino,
+        acc in (os.O_RDONLY, os.O_RDWR),
+        acc in (os.O_WRONLY, os.O_RDWR),
+        os.dup(fd),
     )
     return fd
 
@@ -279,7 +297,13 @@ def dereg_fd(fd: int) -> None:
 
 
 def prep_io(
-    ior: Ior, iov: Iov, offset_in_iov: int, fd: int, file_offset: int, length: int, userdata: Any = None
+    ior: Ior,
+    iov: Iov,
+    offset_in_iov: int,
+    fd: int,
+    file_offset: int,
+    length: int,
+    userdata: Any = None,
 ) -> int:
     """Queue one I/O of ``length`` bytes between ``iov.buf[offset_in_iov:]`` and ``fd`` at ``file_offset``.
 
@@ -290,9 +314,13 @@ def prep_io(
         raise FsError(Code.INVALID_ARGUMENT, "Iov is closed", errno=_errno.EBADF)
     reg = _fds.get(fd)
     if reg is None:
-        raise FsError(Code.BAD_FD, f"fd {fd} is not registered (call reg_fd first)", errno=_errno.EBADF)
+        raise FsError(
+            Code.BAD_FD, f"fd {fd} is not registered (call reg_fd first)", errno=_errno.EBADF
+        )
     if reg.dev != ior._dev:
-        raise FsError(Code.BAD_FD, f"fd {fd} is not on mount {ior.mountpoint!r}", errno=_errno.EBADF)
+        raise FsError(
+            Code.BAD_FD, f"fd {fd} is not on mount {ior.mountpoint!r}", errno=_errno.EBADF
+        )
     if ior.for_read and not reg.readable:
         raise FsError(Code.BAD_FD, f"fd {fd} is not open for reading", errno=_errno.EBADF)
     if not ior.for_read and not reg.writable:
@@ -300,14 +328,22 @@ def prep_io(
     if iov.agent_socket != ior.agent_socket:
         raise invalid("Iov and Ior belong to different mounts")
     if offset_in_iov < 0 or length < 0 or offset_in_iov + length > iov.size:
-        raise invalid(f"range [{offset_in_iov}, {offset_in_iov + length}) is outside the {iov.size}-byte Iov")
+        raise invalid(
+            f"range [{offset_in_iov}, {offset_in_iov + length}) is outside the {iov.size}-byte Iov"
+        )
     if file_offset < 0 or file_offset + length > 2**63 - 1:
         raise invalid(f"bad file offset {file_offset}")
     if not ior._free:
-        raise FsError(Code.RING_FULL, f"ring full ({ior.entries} I/Os in flight); reap completions first", errno=_errno.EAGAIN)
+        raise FsError(
+            Code.RING_FULL,
+            f"ring full ({ior.entries} I/Os in flight); reap completions first",
+            errno=_errno.EAGAIN,
+        )
     index = ior._free.pop()
     ior._userdata[index] = userdata
-    ior._ring.write_args(index, IoArgs(iov.id.bytes, offset_in_iov, reg.inode, file_offset, length, index))
+    ior._ring.write_args(
+        index, IoArgs(iov.id.bytes, offset_in_iov, reg.inode, file_offset, length, index)
+    )
     if not ior._ring.push_sqe(index, index):  # cannot happen: slots bound the queue
         ior._free.append(index)
         raise FsError(Code.RING_FULL, "submission queue full", errno=_errno.EAGAIN)
@@ -326,7 +362,9 @@ def submit_ios(ior: Ior) -> None:
         raise ior._dead from None
 
 
-def wait_for_ios(ior: Ior, max_results: int, min_results: int = 1, timeout: float | None = None) -> list[Completion]:
+def wait_for_ios(
+    ior: Ior, max_results: int, min_results: int = 1, timeout: float | None = None
+) -> list[Completion]:
     """Reap up to ``max_results`` completions, waiting for at least ``min_results``.
 
     Returns early with fewer when ``timeout`` (seconds) passes, and never waits

@@ -72,7 +72,9 @@ class Ring:
         if not 1 <= entries <= MAX_ENTRIES:
             raise ValueError(f"ring entries {entries} out of range")
         if len(buf) < ring_size(entries):
-            raise ValueError(f"ring of {entries} entries needs {ring_size(entries)} bytes, file has {len(buf)}")
+            raise ValueError(
+                f"ring of {entries} entries needs {ring_size(entries)} bytes, file has {len(buf)}"
+            )
         self.buf = buf
         self.entries = entries
         self.n = entries + 1
@@ -89,11 +91,20 @@ class Ring:
         self._cqe_tail = ctypes.c_uint32.from_buffer(buf, OFF_CQE_TAIL)
 
     @staticmethod
-    def init(buf: memoryview, entries: int, for_read: bool, io_depth: int, timeout_ms: int, flags: int = 0) -> Ring:
+    def init(
+        buf: memoryview,
+        entries: int,
+        for_read: bool,
+        io_depth: int,
+        timeout_ms: int,
+        flags: int = 0,
+    ) -> Ring:
         """Format a fresh (zeroed) ring file and return a view of it."""
         if not 1 <= entries <= MAX_ENTRIES:
             raise ValueError(f"entries must be 1..{MAX_ENTRIES}")
-        HEADER.pack_into(buf, 0, MAGIC, VERSION, entries, int(for_read), io_depth, timeout_ms, flags)
+        HEADER.pack_into(
+            buf, 0, MAGIC, VERSION, entries, int(for_read), io_depth, timeout_ms, flags
+        )
         return Ring(buf)
 
     def release(self) -> None:
@@ -108,8 +119,14 @@ class Ring:
 
     def write_args(self, index: int, args: IoArgs) -> None:
         ARGS.pack_into(
-            self.buf, self._args_off + index * ARGS.size,
-            args.buf_id, args.buf_off, args.inode, args.file_off, args.io_len, args.userdata,
+            self.buf,
+            self._args_off + index * ARGS.size,
+            args.buf_id,
+            args.buf_off,
+            args.inode,
+            args.file_off,
+            args.io_len,
+            args.userdata,
         )
 
     def push_sqe(self, index: int, userdata: int) -> bool:

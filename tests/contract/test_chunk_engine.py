@@ -43,7 +43,9 @@ def engine(factory: Factory, tmp_path: Path) -> Iterator[ChunkEngine]:
     e.close()
 
 
-def write(e: ChunkEngine, key: ChunkKey, off: int, data: bytes, ver: int, chain_ver: int = 1) -> None:
+def write(
+    e: ChunkEngine, key: ChunkKey, off: int, data: bytes, ver: int, chain_ver: int = 1
+) -> None:
     p = e.stage_write(key, off, data, update_ver=ver, chain_ver=chain_ver, chunk_size=CS)
     e.commit(p)
 
@@ -91,11 +93,15 @@ def test_update_kinds_match_a_model(engine: ChunkEngine) -> None:
             model[off : off + len(data)] = data
         elif op < 0.8:
             n = rng.randrange(0, len(model) + 1)
-            p = engine.stage_truncate(K, n, update_ver=ver, chain_ver=1, chunk_size=CS, only_extend=False)
+            p = engine.stage_truncate(
+                K, n, update_ver=ver, chain_ver=1, chunk_size=CS, only_extend=False
+            )
             del model[n:]
         else:
             n = rng.randrange(0, 90000)
-            p = engine.stage_truncate(K, n, update_ver=ver, chain_ver=1, chunk_size=CS, only_extend=True)
+            p = engine.stage_truncate(
+                K, n, update_ver=ver, chain_ver=1, chunk_size=CS, only_extend=True
+            )
             if n > len(model):
                 model.extend(bytes(n - len(model)))
         engine.commit(p)
@@ -152,7 +158,9 @@ def test_remove(engine: ChunkEngine) -> None:
 
 def test_replace_all(engine: ChunkEngine) -> None:
     write(engine, K, 0, b"long content here", 1)
-    p = engine.stage_write(K, 0, b"short", update_ver=5, chain_ver=3, chunk_size=CS, replace_all=True)
+    p = engine.stage_write(
+        K, 0, b"short", update_ver=5, chain_ver=3, chunk_size=CS, replace_all=True
+    )
     m = engine.commit(p)
     assert m is not None and (m.commit_ver, m.chain_ver, m.length) == (5, 3, 5)
     assert content(engine, K) == b"short"
@@ -167,10 +175,14 @@ def test_bad_input_changes_nothing(engine: ChunkEngine) -> None:
         {"offset": 0, "data": b"ab", "chunk_size": 1 << 30},
     ):
         with pytest.raises(FsError) as ei:
-            engine.stage_write(K, kw["offset"], kw["data"], update_ver=2, chain_ver=1, chunk_size=kw["chunk_size"])
+            engine.stage_write(
+                K, kw["offset"], kw["data"], update_ver=2, chain_ver=1, chunk_size=kw["chunk_size"]
+            )
         assert ei.value.code == Code.INVALID_ARGUMENT
     with pytest.raises(FsError):
-        engine.stage_truncate(K, CS + 1, update_ver=2, chain_ver=1, chunk_size=CS, only_extend=False)
+        engine.stage_truncate(
+            K, CS + 1, update_ver=2, chain_ver=1, chunk_size=CS, only_extend=False
+        )
     assert engine.pending(K) is None
     assert content(engine, K) == b"v1"
 

@@ -48,13 +48,33 @@ class Fs:
         self.op = op
 
     def mkdir(self, parent: int, name: str, mode: int = 0o755, user: Any = ROOT) -> meta_pb2.Attr:
-        return self.op.mkdir(F.MkdirRequest(user=user, request_id=rid(), parent=parent,
-                                            name=name.encode(), mode=mode)).attr
+        return self.op.mkdir(
+            F.MkdirRequest(
+                user=user, request_id=rid(), parent=parent, name=name.encode(), mode=mode
+            )
+        ).attr
 
-    def create(self, parent: int, name: str, mode: int = 0o644, user: Any = ROOT,
-               flags: int = RW, **kw: Any) -> meta_pb2.OpenResponse:
-        return self.op.create(F.CreateRequest(user=user, request_id=rid(), parent=parent,
-                                              name=name.encode(), mode=mode, flags=flags, client_id="c1", **kw))
+    def create(
+        self,
+        parent: int,
+        name: str,
+        mode: int = 0o644,
+        user: Any = ROOT,
+        flags: int = RW,
+        **kw: Any,
+    ) -> meta_pb2.OpenResponse:
+        return self.op.create(
+            F.CreateRequest(
+                user=user,
+                request_id=rid(),
+                parent=parent,
+                name=name.encode(),
+                mode=mode,
+                flags=flags,
+                client_id="c1",
+                **kw,
+            )
+        )
 
     def touch(self, parent: int, name: str, mode: int = 0o644, user: Any = ROOT) -> meta_pb2.Attr:
         r = self.create(parent, name, mode, user)
@@ -62,7 +82,9 @@ class Fs:
         return r.attr
 
     def close(self, ino: int, sid: str, user: Any = ROOT, **kw: Any) -> meta_pb2.Attr:
-        return self.op.close(F.CloseRequest(user=user, request_id=rid(), inode=ino, session_id=sid, **kw)).attr
+        return self.op.close(
+            F.CloseRequest(user=user, request_id=rid(), inode=ino, session_id=sid, **kw)
+        ).attr
 
     def lookup(self, parent: int, name: str, user: Any = ROOT) -> meta_pb2.Attr:
         return self.op.lookup(F.LookupRequest(user=user, parent=parent, name=name.encode())).attr
@@ -71,14 +93,29 @@ class Fs:
         return self.op.getattr(F.GetAttrRequest(user=user, inode=ino)).attr
 
     def unlink(self, parent: int, name: str, user: Any = ROOT) -> meta_pb2.RemoveResponse:
-        return self.op.unlink(F.RemoveRequest(user=user, request_id=rid(), parent=parent, name=name.encode()))
+        return self.op.unlink(
+            F.RemoveRequest(user=user, request_id=rid(), parent=parent, name=name.encode())
+        )
 
     def rmdir(self, parent: int, name: str, user: Any = ROOT) -> meta_pb2.RemoveResponse:
-        return self.op.rmdir(F.RemoveRequest(user=user, request_id=rid(), parent=parent, name=name.encode()))
+        return self.op.rmdir(
+            F.RemoveRequest(user=user, request_id=rid(), parent=parent, name=name.encode())
+        )
 
-    def rename(self, p: int, n: str, np: int, nn: str, flags: int = 0, user: Any = ROOT) -> meta_pb2.RenameResponse:
-        return self.op.rename(F.RenameRequest(user=user, request_id=rid(), parent=p, name=n.encode(),
-                                              new_parent=np, new_name=nn.encode(), flags=flags))
+    def rename(
+        self, p: int, n: str, np: int, nn: str, flags: int = 0, user: Any = ROOT
+    ) -> meta_pb2.RenameResponse:
+        return self.op.rename(
+            F.RenameRequest(
+                user=user,
+                request_id=rid(),
+                parent=p,
+                name=n.encode(),
+                new_parent=np,
+                new_name=nn.encode(),
+                flags=flags,
+            )
+        )
 
     def setattr(self, ino: int, user: Any = ROOT, **kw: Any) -> meta_pb2.SetAttrResponse:
         return self.op.setattr(F.SetAttrRequest(user=user, request_id=rid(), inode=ino, **kw))
@@ -116,7 +153,9 @@ def db(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Database]:
 
 @pytest.fixture
 def fs(db: Database) -> Iterator[Fs]:
-    op = MetaOperator(db, MetaSection(inode_batch=64), StaticChainTables({1: [11, 12, 13, 14, 15, 16]}), seed=7)
+    op = MetaOperator(
+        db, MetaSection(inode_batch=64), StaticChainTables({1: [11, 12, 13, 14, 15, 16]}), seed=7
+    )
     yield Fs(op)
     rep = check_namespace(db)
     assert rep.ok, str(rep)
@@ -130,7 +169,13 @@ pytestmark = pytest.mark.timeout(60)
 
 def test_root_and_statfs(fs: Fs) -> None:
     a = fs.getattr(1)
-    assert a.mode == stat.S_IFDIR | 0o755 and a.uid == 0 and a.gid == 0 and a.nlink == 2 and a.parent == 1
+    assert (
+        a.mode == stat.S_IFDIR | 0o755
+        and a.uid == 0
+        and a.gid == 0
+        and a.nlink == 2
+        and a.parent == 1
+    )
     MetaOperator(fs.op.db)  # a second server start keeps the existing root
     assert fs.getattr(1) == a
     fs.touch(1, "f")
@@ -166,7 +211,13 @@ def test_inode_numbers_unique_across_servers(db: Database) -> None:
     ops = [MetaOperator(db, MetaSection(inode_batch=8)) for _ in range(2)]
     seen: set[int] = set()
     for i in range(40):
-        a = ops[i % 2].mkdir(F.MkdirRequest(user=ROOT, request_id=rid(), parent=1, name=b"d%d" % i, mode=0o755)).attr
+        a = (
+            ops[i % 2]
+            .mkdir(
+                F.MkdirRequest(user=ROOT, request_id=rid(), parent=1, name=b"d%d" % i, mode=0o755)
+            )
+            .attr
+        )
         assert a.inode not in seen and a.inode != 1
         seen.add(a.inode)
     assert check_namespace(db).ok
@@ -202,8 +253,15 @@ def test_create_flags(fs: Fs) -> None:
     assert err(fs.create, d.inode, "sub", flags=RW) == errno.EISDIR
     assert err(fs.create, d.inode, "sub", flags=os.O_RDONLY) == errno.EISDIR
     assert err(fs.create, d.inode, "sub", flags=RW | os.O_EXCL) == errno.EEXIST
-    assert err(fs.op.create, F.CreateRequest(user=ROOT, request_id=rid(), parent=d.inode, name=b"q",
-                                             mode=stat.S_IFDIR | 0o755)) == errno.EINVAL
+    assert (
+        err(
+            fs.op.create,
+            F.CreateRequest(
+                user=ROOT, request_id=rid(), parent=d.inode, name=b"q", mode=stat.S_IFDIR | 0o755
+            ),
+        )
+        == errno.EINVAL
+    )
 
 
 # ----------------------------------------------------------------------------- permissions
@@ -220,7 +278,10 @@ def test_search_and_write_permission(fs: Fs) -> None:
     assert fs.lookup(xonly.inode, "f", user=ALICE).inode == f.inode  # search without read
     assert err(fs.op.readdir, F.ReadDirRequest(user=ALICE, inode=xonly.inode)) == errno.EACCES
     opn = fs.op.open
-    assert err(opn, F.OpenRequest(user=ALICE, request_id=rid(), inode=f.inode, flags=os.O_RDONLY)) == errno.EACCES
+    assert (
+        err(opn, F.OpenRequest(user=ALICE, request_id=rid(), inode=f.inode, flags=os.O_RDONLY))
+        == errno.EACCES
+    )
     # group class applies to supplementary groups; other class to strangers
     g = fs.mkdir(1, "g", 0o770)
     fs.setattr(g.inode, valid=F.SETATTR_GID, gid=3000)
@@ -228,24 +289,56 @@ def test_search_and_write_permission(fs: Fs) -> None:
     assert err(fs.create, g.inode, "no", user=BOB) == errno.EACCES
     # root: exec only if some x bit is set
     noexec = fs.touch(1, "noexec", 0o644)
-    assert err(fs.op.access, F.AccessRequest(user=ROOT, inode=noexec.inode, mask=os.X_OK)) == errno.EACCES
+    assert (
+        err(fs.op.access, F.AccessRequest(user=ROOT, inode=noexec.inode, mask=os.X_OK))
+        == errno.EACCES
+    )
     fs.op.access(F.AccessRequest(user=ROOT, inode=noexec.inode, mask=os.R_OK | os.W_OK))
     fs.op.access(F.AccessRequest(user=ALICE, inode=noexec.inode, mask=os.R_OK))
-    assert err(fs.op.access, F.AccessRequest(user=ALICE, inode=noexec.inode, mask=os.W_OK)) == errno.EACCES
+    assert (
+        err(fs.op.access, F.AccessRequest(user=ALICE, inode=noexec.inode, mask=os.W_OK))
+        == errno.EACCES
+    )
 
 
 def test_open_modes(fs: Fs) -> None:
     d = fs.mkdir(1, "d")
     f = fs.touch(1, "f", 0o444)
     o = fs.op.open
-    assert err(o, F.OpenRequest(user=ALICE, request_id=rid(), inode=f.inode, flags=os.O_WRONLY)) == errno.EACCES
-    assert err(o, F.OpenRequest(user=ALICE, request_id=rid(), inode=f.inode,
-                                flags=os.O_RDONLY | os.O_TRUNC)) == errno.EACCES
-    assert err(o, F.OpenRequest(user=ROOT, request_id=rid(), inode=d.inode, flags=os.O_WRONLY)) == errno.EISDIR
-    assert err(o, F.OpenRequest(user=ROOT, request_id=rid(), inode=f.inode,
-                                flags=os.O_RDONLY | os.O_DIRECTORY)) == errno.ENOTDIR
-    assert err(o, F.OpenRequest(user=ROOT, request_id=rid(), inode=f.inode, flags=3)) == errno.EINVAL
-    r = o(F.OpenRequest(user=ROOT, request_id=rid(), inode=d.inode, flags=os.O_RDONLY | os.O_DIRECTORY))
+    assert (
+        err(o, F.OpenRequest(user=ALICE, request_id=rid(), inode=f.inode, flags=os.O_WRONLY))
+        == errno.EACCES
+    )
+    assert (
+        err(
+            o,
+            F.OpenRequest(
+                user=ALICE, request_id=rid(), inode=f.inode, flags=os.O_RDONLY | os.O_TRUNC
+            ),
+        )
+        == errno.EACCES
+    )
+    assert (
+        err(o, F.OpenRequest(user=ROOT, request_id=rid(), inode=d.inode, flags=os.O_WRONLY))
+        == errno.EISDIR
+    )
+    assert (
+        err(
+            o,
+            F.OpenRequest(
+                user=ROOT, request_id=rid(), inode=f.inode, flags=os.O_RDONLY | os.O_DIRECTORY
+            ),
+        )
+        == errno.ENOTDIR
+    )
+    assert (
+        err(o, F.OpenRequest(user=ROOT, request_id=rid(), inode=f.inode, flags=3)) == errno.EINVAL
+    )
+    r = o(
+        F.OpenRequest(
+            user=ROOT, request_id=rid(), inode=d.inode, flags=os.O_RDONLY | os.O_DIRECTORY
+        )
+    )
     assert r.session_id == ""  # directories need no session
     r = o(F.OpenRequest(user=ALICE, request_id=rid(), inode=f.inode, flags=os.O_RDONLY))
     assert r.session_id
@@ -264,7 +357,9 @@ def test_sticky_directory(fs: Fs) -> None:
     fs.touch(tmp.inode, "bob", user=BOB)
     assert err(fs.unlink, tmp.inode, "a", user=BOB) == errno.EPERM
     assert err(fs.rename, tmp.inode, "a", tmp.inode, "z", user=BOB) == errno.EPERM
-    assert err(fs.rename, tmp.inode, "bob", tmp.inode, "a", user=BOB) == errno.EPERM  # victim owned by alice
+    assert (
+        err(fs.rename, tmp.inode, "bob", tmp.inode, "a", user=BOB) == errno.EPERM
+    )  # victim owned by alice
     fs.unlink(tmp.inode, "a", user=ALICE)
     fs.unlink(tmp.inode, "b", user=ROOT)
     fs.rename(tmp.inode, "bob", tmp.inode, "bob2", user=BOB)
@@ -297,8 +392,12 @@ def test_chown_chmod_rules(fs: Fs) -> None:
     assert a.gid == 3000 and ns(a.ctime) >= c0
     a = fs.setattr(f.inode, user=ALICE, valid=F.SETATTR_MODE, mode=0o6755).attr
     assert stat.S_IMODE(a.mode) == 0o6755 and stat.S_ISREG(a.mode)
-    a = fs.setattr(f.inode, user=ROOT, valid=F.SETATTR_UID | F.SETATTR_GID, uid=BOB.uid, gid=BOB.gid).attr
-    assert a.uid == BOB.uid and a.gid == BOB.gid and stat.S_IMODE(a.mode) == 0o755  # suid/sgid cleared
+    a = fs.setattr(
+        f.inode, user=ROOT, valid=F.SETATTR_UID | F.SETATTR_GID, uid=BOB.uid, gid=BOB.gid
+    ).attr
+    assert (
+        a.uid == BOB.uid and a.gid == BOB.gid and stat.S_IMODE(a.mode) == 0o755
+    )  # suid/sgid cleared
     # chmod g+s by a non-member of the file's group: S_ISGID silently dropped
     a = fs.setattr(f.inode, user=BOB, valid=F.SETATTR_MODE, mode=0o2755).attr
     assert stat.S_IMODE(a.mode) == 0o2755  # bob is in group 1001
@@ -311,7 +410,9 @@ def test_chown_chmod_rules(fs: Fs) -> None:
     a = fs.setattr(f.inode, user=ALICE, valid=F.SETATTR_MODE, mode=0o0666).attr
     assert stat.S_IMODE(a.mode) == 0o666
     fs.setattr(f.inode, user=ROOT, valid=F.SETATTR_MODE, mode=0o6644)
-    assert err(fs.setattr, f.inode, user=ALICE, valid=F.SETATTR_MODE, mode=0o644) == errno.EPERM  # no write
+    assert (
+        err(fs.setattr, f.inode, user=ALICE, valid=F.SETATTR_MODE, mode=0o644) == errno.EPERM
+    )  # no write
     # a non-root writer's truncate clears suid
     fs.setattr(f.inode, user=ROOT, valid=F.SETATTR_MODE, mode=0o4777)
     a = fs.setattr(f.inode, user=ALICE, valid=F.SETATTR_SIZE, size=1).attr
@@ -327,7 +428,9 @@ def test_utimes(fs: Fs) -> None:
     m = fs.setattr(f.inode, valid=F.SETATTR_MTIME, mtime=common_pb2.Timespec(sec=5)).attr
     assert ns(m.atime) == ns(a.atime) and m.mtime.sec == 5  # atime omitted
     assert err(fs.setattr, f.inode, user=ALICE, valid=F.SETATTR_MTIME, mtime=t) == errno.EPERM
-    n = fs.setattr(f.inode, user=ALICE, valid=F.SETATTR_ATIME_NOW | F.SETATTR_MTIME_NOW).attr  # writer may
+    n = fs.setattr(
+        f.inode, user=ALICE, valid=F.SETATTR_ATIME_NOW | F.SETATTR_MTIME_NOW
+    ).attr  # writer may
     assert ns(n.mtime) > ns(m.mtime)
     ro = fs.touch(1, "ro", 0o644)
     assert err(fs.setattr, ro.inode, user=ALICE, valid=F.SETATTR_MTIME_NOW) == errno.EACCES
@@ -344,33 +447,80 @@ def test_truncate_and_length_reports(fs: Fs) -> None:
     r = fs.create(1, "f", 0o644)
     ino, sid = r.attr.inode, r.session_id
     tv = r.attr.truncate_version
-    s = fs.op.sync(F.SyncRequest(user=ROOT, request_id=rid(), inode=ino, session_id=sid, has_length_hint=True,
-                                 length_hint=5000, truncate_version=tv))
+    s = fs.op.sync(
+        F.SyncRequest(
+            user=ROOT,
+            request_id=rid(),
+            inode=ino,
+            session_id=sid,
+            has_length_hint=True,
+            length_hint=5000,
+            truncate_version=tv,
+        )
+    )
     assert s.attr.size == 5000
-    s = fs.op.sync(F.SyncRequest(user=ROOT, request_id=rid(), inode=ino, session_id=sid, has_length_hint=True,
-                                 length_hint=100, truncate_version=tv))
+    s = fs.op.sync(
+        F.SyncRequest(
+            user=ROOT,
+            request_id=rid(),
+            inode=ino,
+            session_id=sid,
+            has_length_hint=True,
+            length_hint=100,
+            truncate_version=tv,
+        )
+    )
     assert s.attr.size == 5000  # hints never shrink
     t = fs.setattr(ino, valid=F.SETATTR_SIZE, size=10)
     assert t.need_truncate and t.old_size == 5000 and t.attr.size == 10
     assert t.attr.truncate_version == tv + 1
-    stale = fs.op.sync(F.SyncRequest(user=ROOT, request_id=rid(), inode=ino, session_id=sid,
-                                     has_length_hint=True, length_hint=5000, truncate_version=tv))
+    stale = fs.op.sync(
+        F.SyncRequest(
+            user=ROOT,
+            request_id=rid(),
+            inode=ino,
+            session_id=sid,
+            has_length_hint=True,
+            length_hint=5000,
+            truncate_version=tv,
+        )
+    )
     assert stale.attr.size == 10  # a report from before the truncate is ignored
     up = fs.setattr(ino, valid=F.SETATTR_SIZE, size=1 << 40)  # sparse extend: metadata only
     assert not up.need_truncate and up.attr.size == 1 << 40
     assert err(fs.setattr, ino, valid=F.SETATTR_SIZE, size=1 << 62) == errno.EFBIG
     mt = common_pb2.Timespec(sec=2_000_000_000, nsec=7)
-    a = fs.close(ino, sid, has_length_hint=True, length_hint=(1 << 40) + 3,
-                 truncate_version=up.attr.truncate_version, mtime=mt)
+    a = fs.close(
+        ino,
+        sid,
+        has_length_hint=True,
+        length_hint=(1 << 40) + 3,
+        truncate_version=up.attr.truncate_version,
+        mtime=mt,
+    )
     assert a.size == (1 << 40) + 3 and ns(a.mtime) == ns(mt)
     assert err(fs.close, ino, sid) == errno.EBADF  # session is gone
     d = fs.mkdir(1, "d")
     assert err(fs.setattr, d.inode, valid=F.SETATTR_SIZE, size=0) == errno.EISDIR
-    o = fs.op.open(F.OpenRequest(user=ROOT, request_id=rid(), inode=ino, flags=os.O_WRONLY | os.O_TRUNC))
+    o = fs.op.open(
+        F.OpenRequest(user=ROOT, request_id=rid(), inode=ino, flags=os.O_WRONLY | os.O_TRUNC)
+    )
     assert o.need_truncate and o.attr.size == 0 and o.old_size == (1 << 40) + 3
     rd = fs.op.open(F.OpenRequest(user=ROOT, request_id=rid(), inode=ino, flags=os.O_RDONLY))
-    assert err(fs.op.sync, F.SyncRequest(user=ROOT, request_id=rid(), inode=ino, session_id=rd.session_id,
-                                         has_length_hint=True, length_hint=9)) == errno.EBADF
+    assert (
+        err(
+            fs.op.sync,
+            F.SyncRequest(
+                user=ROOT,
+                request_id=rid(),
+                inode=ino,
+                session_id=rd.session_id,
+                has_length_hint=True,
+                length_hint=9,
+            ),
+        )
+        == errno.EBADF
+    )
     fs.close(ino, o.session_id)
     fs.close(ino, rd.session_id)
 
@@ -378,8 +528,16 @@ def test_truncate_and_length_reports(fs: Fs) -> None:
 def test_unlink_while_open_and_gc(fs: Fs) -> None:
     r = fs.create(1, "f", 0o644)
     ino = r.attr.inode
-    fs.op.sync(F.SyncRequest(user=ROOT, request_id=rid(), inode=ino, session_id=r.session_id,
-                             has_length_hint=True, length_hint=3 << 20))
+    fs.op.sync(
+        F.SyncRequest(
+            user=ROOT,
+            request_id=rid(),
+            inode=ino,
+            session_id=r.session_id,
+            has_length_hint=True,
+            length_hint=3 << 20,
+        )
+    )
     rd = fs.op.open(F.OpenRequest(user=ROOT, request_id=rid(), inode=ino, flags=os.O_RDONLY))
     u = fs.unlink(1, "f")
     assert u.inode == ino and not u.inode_removed
@@ -393,7 +551,11 @@ def test_unlink_while_open_and_gc(fs: Fs) -> None:
     assert err(fs.getattr, ino) == errno.ENOENT
     gc = fs.op.list_gc(F.ListGcRequest(user=ROOT)).entries
     assert [e.inode for e in gc] == [ino]
-    assert gc[0].length == 3 << 20 and list(gc[0].layout.chain_ids) and gc[0].layout.chunk_size == 1 << 20
+    assert (
+        gc[0].length == 3 << 20
+        and list(gc[0].layout.chain_ids)
+        and gc[0].layout.chunk_size == 1 << 20
+    )
     assert err(fs.op.list_gc, F.ListGcRequest(user=ALICE)) == errno.EPERM
     fs.op.ack_gc(F.AckGcRequest(user=ROOT, ids=[gc[0].id]))
     assert not fs.op.list_gc(F.ListGcRequest(user=ROOT)).entries
@@ -426,12 +588,24 @@ def test_link_unlink_rmdir(fs: Fs) -> None:
     d = fs.mkdir(1, "d")
     f = fs.touch(d.inode, "f")
     c0 = ns(f.ctime)
-    a = fs.op.link(F.LinkRequest(user=ROOT, request_id=rid(), inode=f.inode, new_parent=1, new_name=b"l")).attr
+    a = fs.op.link(
+        F.LinkRequest(user=ROOT, request_id=rid(), inode=f.inode, new_parent=1, new_name=b"l")
+    ).attr
     assert a.nlink == 2 and ns(a.ctime) >= c0
-    assert err(fs.op.link, F.LinkRequest(user=ROOT, request_id=rid(), inode=d.inode, new_parent=1,
-                                         new_name=b"dl")) == errno.EPERM
-    assert err(fs.op.link, F.LinkRequest(user=ROOT, request_id=rid(), inode=f.inode, new_parent=1,
-                                         new_name=b"d")) == errno.EEXIST
+    assert (
+        err(
+            fs.op.link,
+            F.LinkRequest(user=ROOT, request_id=rid(), inode=d.inode, new_parent=1, new_name=b"dl"),
+        )
+        == errno.EPERM
+    )
+    assert (
+        err(
+            fs.op.link,
+            F.LinkRequest(user=ROOT, request_id=rid(), inode=f.inode, new_parent=1, new_name=b"d"),
+        )
+        == errno.EEXIST
+    )
     assert err(fs.rmdir, 1, "d") == errno.ENOTEMPTY
     assert err(fs.unlink, 1, "d") == errno.EISDIR
     assert err(fs.rmdir, d.inode, "f") == errno.ENOTDIR
@@ -446,29 +620,80 @@ def test_link_unlink_rmdir(fs: Fs) -> None:
 
 
 def test_symlink_mknod(fs: Fs) -> None:
-    s = fs.op.symlink(F.SymlinkRequest(user=ALICE, request_id=rid(), parent=fs.mkdir(1, "d", 0o777).inode,
-                                       name=b"s", target=b"../some/where")).attr
+    s = fs.op.symlink(
+        F.SymlinkRequest(
+            user=ALICE,
+            request_id=rid(),
+            parent=fs.mkdir(1, "d", 0o777).inode,
+            name=b"s",
+            target=b"../some/where",
+        )
+    ).attr
     assert stat.S_ISLNK(s.mode) and s.size == len(b"../some/where") and s.uid == ALICE.uid
     assert fs.op.readlink(F.ReadLinkRequest(user=ALICE, inode=s.inode)).target == b"../some/where"
     assert err(fs.op.readlink, F.ReadLinkRequest(user=ROOT, inode=1)) == errno.EINVAL
-    assert err(fs.op.symlink, F.SymlinkRequest(user=ROOT, request_id=rid(), parent=1, name=b"e",
-                                               target=b"")) == errno.ENOENT
-    assert err(fs.op.symlink, F.SymlinkRequest(user=ROOT, request_id=rid(), parent=1, name=b"e",
-                                               target=b"x" * 4096)) == errno.ENAMETOOLONG
+    assert (
+        err(
+            fs.op.symlink,
+            F.SymlinkRequest(user=ROOT, request_id=rid(), parent=1, name=b"e", target=b""),
+        )
+        == errno.ENOENT
+    )
+    assert (
+        err(
+            fs.op.symlink,
+            F.SymlinkRequest(user=ROOT, request_id=rid(), parent=1, name=b"e", target=b"x" * 4096),
+        )
+        == errno.ENAMETOOLONG
+    )
     mk = fs.op.mknod
-    fifo = mk(F.MknodRequest(user=ROOT, request_id=rid(), parent=1, name=b"fifo", mode=stat.S_IFIFO | 0o600)).attr
+    fifo = mk(
+        F.MknodRequest(
+            user=ROOT, request_id=rid(), parent=1, name=b"fifo", mode=stat.S_IFIFO | 0o600
+        )
+    ).attr
     assert stat.S_ISFIFO(fifo.mode) and fifo.rdev == 0
-    dev = mk(F.MknodRequest(user=ROOT, request_id=rid(), parent=1, name=b"chr", mode=stat.S_IFCHR | 0o600,
-                            rdev=os.makedev(1, 3))).attr
+    dev = mk(
+        F.MknodRequest(
+            user=ROOT,
+            request_id=rid(),
+            parent=1,
+            name=b"chr",
+            mode=stat.S_IFCHR | 0o600,
+            rdev=os.makedev(1, 3),
+        )
+    ).attr
     assert stat.S_ISCHR(dev.mode) and os.major(dev.rdev) == 1 and os.minor(dev.rdev) == 3
-    sock = mk(F.MknodRequest(user=ROOT, request_id=rid(), parent=1, name=b"sock", mode=stat.S_IFSOCK | 0o600))
+    sock = mk(
+        F.MknodRequest(
+            user=ROOT, request_id=rid(), parent=1, name=b"sock", mode=stat.S_IFSOCK | 0o600
+        )
+    )
     assert stat.S_ISSOCK(sock.attr.mode)
     reg = mk(F.MknodRequest(user=ROOT, request_id=rid(), parent=1, name=b"reg", mode=0o600)).attr
     assert stat.S_ISREG(reg.mode) and len(reg.layout.chain_ids) == 4
-    assert err(mk, F.MknodRequest(user=ALICE, request_id=rid(), parent=fs.lookup(1, "d").inode, name=b"b",
-                                  mode=stat.S_IFBLK | 0o600)) == errno.EPERM
-    assert err(mk, F.MknodRequest(user=ROOT, request_id=rid(), parent=1, name=b"dd",
-                                  mode=stat.S_IFDIR | 0o600)) == errno.EINVAL
+    assert (
+        err(
+            mk,
+            F.MknodRequest(
+                user=ALICE,
+                request_id=rid(),
+                parent=fs.lookup(1, "d").inode,
+                name=b"b",
+                mode=stat.S_IFBLK | 0o600,
+            ),
+        )
+        == errno.EPERM
+    )
+    assert (
+        err(
+            mk,
+            F.MknodRequest(
+                user=ROOT, request_id=rid(), parent=1, name=b"dd", mode=stat.S_IFDIR | 0o600
+            ),
+        )
+        == errno.EINVAL
+    )
     assert fs.lookup(1, "chr").rdev == os.makedev(1, 3)
 
 
@@ -483,9 +708,14 @@ def test_rename_files(fs: Fs) -> None:
     assert [e.inode for e in fs.op.list_gc(F.ListGcRequest(user=ROOT)).entries] == [b.inode]
     assert ns(fs.getattr(1).ctime) >= c0 and ns(fs.getattr(a.inode).ctime) >= ns(a.ctime)
     # same inode under two names: nothing happens
-    fs.op.link(F.LinkRequest(user=ROOT, request_id=rid(), inode=a.inode, new_parent=1, new_name=b"hl"))
+    fs.op.link(
+        F.LinkRequest(user=ROOT, request_id=rid(), inode=a.inode, new_parent=1, new_name=b"hl")
+    )
     fs.rename(1, "b", 1, "hl")
-    assert fs.lookup(1, "b").inode == fs.lookup(1, "hl").inode == a.inode and fs.getattr(a.inode).nlink == 2
+    assert (
+        fs.lookup(1, "b").inode == fs.lookup(1, "hl").inode == a.inode
+        and fs.getattr(a.inode).nlink == 2
+    )
     assert err(fs.rename, 1, "missing", 1, "x") == errno.ENOENT
     fs.touch(1, "c")
     assert err(fs.rename, 1, "c", 1, "b", flags=1) == errno.EEXIST  # NOREPLACE
@@ -555,7 +785,10 @@ def test_readdir_sorted_paged_with_attrs(fs: Fs) -> None:
     for e in r.entries:
         assert e.attr.inode == e.inode and e.type == stat.S_IFREG
     assert not fs.op.readdir(F.ReadDirRequest(user=ROOT, inode=d.inode, cursor=b"n024")).entries
-    assert err(fs.op.readdir, F.ReadDirRequest(user=ROOT, inode=fs.lookup(d.inode, "n001").inode)) == errno.ENOTDIR
+    assert (
+        err(fs.op.readdir, F.ReadDirRequest(user=ROOT, inode=fs.lookup(d.inode, "n001").inode))
+        == errno.ENOTDIR
+    )
 
 
 def test_readdir_cursor_under_concurrent_changes(fs: Fs) -> None:
@@ -592,7 +825,11 @@ def test_xattrs(fs: Fs) -> None:
     sx, gx, lx, rx = fs.op.setxattr, fs.op.getxattr, fs.op.listxattr, fs.op.removexattr
 
     def set_(name: bytes, value: bytes, flags: int = 0, user: Any = ROOT) -> None:
-        sx(F.SetXattrRequest(user=user, request_id=rid(), inode=ino, name=name, value=value, flags=flags))
+        sx(
+            F.SetXattrRequest(
+                user=user, request_id=rid(), inode=ino, name=name, value=value, flags=flags
+            )
+        )
 
     set_(b"user.a", b"1")
     c0 = ns(fs.getattr(ino).ctime)
@@ -611,14 +848,30 @@ def test_xattrs(fs: Fs) -> None:
     assert err(set_, b"bogus.x", b"") == errno.EOPNOTSUPP
     set_(b"trusted.t", b"root")
     assert err(set_, b"trusted.u", b"x", 0, ALICE) == errno.EPERM
-    assert sorted(lx(F.ListXattrRequest(user=ROOT, inode=ino)).names) == [b"trusted.t", b"user.a", b"user.max"]
+    assert sorted(lx(F.ListXattrRequest(user=ROOT, inode=ino)).names) == [
+        b"trusted.t",
+        b"user.a",
+        b"user.max",
+    ]
     assert sorted(lx(F.ListXattrRequest(user=ALICE, inode=ino)).names) == [b"user.a", b"user.max"]
     assert err(gx, F.GetXattrRequest(user=ROOT, inode=ino, name=b"user.none")) == errno.ENODATA
     rx(F.RemoveXattrRequest(user=ROOT, request_id=rid(), inode=ino, name=b"user.a"))
-    assert err(rx, F.RemoveXattrRequest(user=ROOT, request_id=rid(), inode=ino, name=b"user.a")) == errno.ENODATA
-    s = fs.op.symlink(F.SymlinkRequest(user=ROOT, request_id=rid(), parent=1, name=b"s", target=b"f")).attr
-    assert err(sx, F.SetXattrRequest(user=ROOT, request_id=rid(), inode=s.inode, name=b"user.x",
-                                     value=b"")) == errno.EPERM
+    assert (
+        err(rx, F.RemoveXattrRequest(user=ROOT, request_id=rid(), inode=ino, name=b"user.a"))
+        == errno.ENODATA
+    )
+    s = fs.op.symlink(
+        F.SymlinkRequest(user=ROOT, request_id=rid(), parent=1, name=b"s", target=b"f")
+    ).attr
+    assert (
+        err(
+            sx,
+            F.SetXattrRequest(
+                user=ROOT, request_id=rid(), inode=s.inode, name=b"user.x", value=b""
+            ),
+        )
+        == errno.EPERM
+    )
     fs.unlink(1, "f")  # xattrs go with the inode (fsck checks none are left)
 
 
@@ -626,35 +879,75 @@ def test_xattrs(fs: Fs) -> None:
 
 
 def test_layout_inheritance_and_placement(db: Database) -> None:
-    op = MetaOperator(db, MetaSection(default_stripe=3), StaticChainTables({1: [1, 2, 3, 4, 5, 6, 7], 2: [90, 91]}),
-                      seed=3)
+    op = MetaOperator(
+        db,
+        MetaSection(default_stripe=3),
+        StaticChainTables({1: [1, 2, 3, 4, 5, 6, 7], 2: [90, 91]}),
+        seed=3,
+    )
     fs = Fs(op)
     files = [fs.touch(1, f"f{i}") for i in range(7)]
     used: list[int] = []
     for f in files:
         lay = f.layout
-        assert lay.chunk_size == 1 << 20 and lay.stripe == 3 and lay.table_id == 1 and lay.table_version == 1
+        assert (
+            lay.chunk_size == 1 << 20
+            and lay.stripe == 3
+            and lay.table_id == 1
+            and lay.table_version == 1
+        )
         assert len(set(lay.chain_ids)) == 3
         used.extend(lay.chain_ids)
     assert sorted(set(used)) == [1, 2, 3, 4, 5, 6, 7]  # round-robin spreads over every chain
     assert max(used.count(c) for c in set(used)) - min(used.count(c) for c in set(used)) <= 1
     d = fs.mkdir(1, "d")
-    sl = op.setlayout(F.SetLayoutRequest(user=ROOT, request_id=rid(), inode=d.inode,
-                                         layout=F.Layout(chunk_size=1 << 16, stripe=8, table_id=2))).attr
+    sl = op.setlayout(
+        F.SetLayoutRequest(
+            user=ROOT,
+            request_id=rid(),
+            inode=d.inode,
+            layout=F.Layout(chunk_size=1 << 16, stripe=8, table_id=2),
+        )
+    ).attr
     assert sl.layout.chunk_size == 1 << 16 and sl.layout.stripe == 8
     f = fs.touch(d.inode, "f")
-    assert f.layout.chunk_size == 1 << 16 and f.layout.stripe == 2 and sorted(f.layout.chain_ids) == [90, 91]
+    assert (
+        f.layout.chunk_size == 1 << 16
+        and f.layout.stripe == 2
+        and sorted(f.layout.chain_ids) == [90, 91]
+    )
     sub = fs.mkdir(d.inode, "sub")
     assert sub.layout.chunk_size == 1 << 16 and sub.layout.table_id == 2  # directories inherit too
     o = fs.create(1, "big", layout=F.Layout(chunk_size=1 << 22))
     assert o.attr.layout.chunk_size == 1 << 22 and o.attr.layout.stripe == 3
     fs.close(o.attr.inode, o.session_id)
-    assert err(op.setlayout, F.SetLayoutRequest(user=ROOT, request_id=rid(), inode=d.inode,
-                                                layout=F.Layout(chunk_size=5000))) == errno.EINVAL
-    assert err(op.setlayout, F.SetLayoutRequest(user=ROOT, request_id=rid(), inode=f.inode,
-                                                layout=F.Layout(stripe=1))) == errno.ENOTDIR
-    assert err(op.setlayout, F.SetLayoutRequest(user=ALICE, request_id=rid(), inode=d.inode,
-                                                layout=F.Layout(stripe=1))) == errno.EPERM
+    assert (
+        err(
+            op.setlayout,
+            F.SetLayoutRequest(
+                user=ROOT, request_id=rid(), inode=d.inode, layout=F.Layout(chunk_size=5000)
+            ),
+        )
+        == errno.EINVAL
+    )
+    assert (
+        err(
+            op.setlayout,
+            F.SetLayoutRequest(
+                user=ROOT, request_id=rid(), inode=f.inode, layout=F.Layout(stripe=1)
+            ),
+        )
+        == errno.ENOTDIR
+    )
+    assert (
+        err(
+            op.setlayout,
+            F.SetLayoutRequest(
+                user=ALICE, request_id=rid(), inode=d.inode, layout=F.Layout(stripe=1)
+            ),
+        )
+        == errno.EPERM
+    )
     assert check_namespace(db).ok
 
 
@@ -681,7 +974,11 @@ def test_malformed_requests(fs: Fs) -> None:
         op.mkdir(F.MkdirRequest(user=ROOT, request_id="x" * 1000, parent=1, name=b"x", mode=0o755))
     assert ei.value.code == Code.INVALID_ARGUMENT
     with pytest.raises(FsError) as ei:
-        op.create(F.CreateRequest(user=ROOT, request_id=rid(), parent=1, name=b"c", mode=0o644, client_id="c" * 10**6))
+        op.create(
+            F.CreateRequest(
+                user=ROOT, request_id=rid(), parent=1, name=b"c", mode=0o644, client_id="c" * 10**6
+            )
+        )
     assert ei.value.code == Code.INVALID_ARGUMENT
     assert err(op.getattr, F.GetAttrRequest(user=ROOT)) == errno.EINVAL
     assert err(op.getattr, F.GetAttrRequest(user=ROOT, inode=987654321)) == errno.ENOENT
@@ -700,16 +997,23 @@ def test_idempotent_retries(fs: Fs) -> None:
     a = op.mkdir(req)
     assert op.mkdir(req) == a  # the retry returns the stored answer
     assert fs.getattr(1).nlink == 3
-    c = F.CreateRequest(user=ROOT, request_id="same-2", parent=a.attr.inode, name=b"f", mode=0o644,
-                        flags=RW | os.O_EXCL)
+    c = F.CreateRequest(
+        user=ROOT,
+        request_id="same-2",
+        parent=a.attr.inode,
+        name=b"f",
+        mode=0o644,
+        flags=RW | os.O_EXCL,
+    )
     r1 = op.create(c)
     assert op.create(c) == r1  # not EEXIST: same request
     u = F.RemoveRequest(user=ROOT, request_id="same-3", parent=a.attr.inode, name=b"f")
     assert op.unlink(u) == op.unlink(u)  # not ENOENT
     fs.close(r1.attr.inode, r1.session_id)
     fs.touch(1, "x")
-    mv = F.RenameRequest(user=ROOT, request_id="same-4", parent=1, name=b"x", new_parent=a.attr.inode,
-                         new_name=b"y")
+    mv = F.RenameRequest(
+        user=ROOT, request_id="same-4", parent=1, name=b"x", new_parent=a.attr.inode, new_name=b"y"
+    )
     assert op.rename(mv) == op.rename(mv)
     assert fs.lookup(a.attr.inode, "y")
     with pytest.raises(FsError) as ei:
@@ -740,7 +1044,9 @@ class _UnknownResult(Database):
             orig()
             if outer.rng.random() < outer.prob:
                 outer.lies += 1
-                raise FsError(Code.KV_COMMIT_UNKNOWN, "commit result unknown (test)", retryable=True)
+                raise FsError(
+                    Code.KV_COMMIT_UNKNOWN, "commit result unknown (test)", retryable=True
+                )
 
         tr.commit = commit  # type: ignore[method-assign]
         return tr
@@ -757,8 +1063,15 @@ def _workload(fs: Fs, tag: str) -> None:
         fs.unlink(d.inode, f"f{i}")
     sub = fs.mkdir(d.inode, "sub")
     fs.rename(d.inode, "f2", sub.inode, "moved")
-    fs.op.link(F.LinkRequest(user=ROOT, request_id=rid(), inode=fs.lookup(d.inode, "g0").inode,
-                             new_parent=sub.inode, new_name=b"hard"))
+    fs.op.link(
+        F.LinkRequest(
+            user=ROOT,
+            request_id=rid(),
+            inode=fs.lookup(d.inode, "g0").inode,
+            new_parent=sub.inode,
+            new_name=b"hard",
+        )
+    )
     names = fs.names(d.inode)
     assert names == sorted(["f5", "f8", "f11", "g0", "g3", "g6", "g9", "sub"])
     assert fs.names(sub.inode) == ["hard", "moved"]
@@ -783,7 +1096,10 @@ def test_exactly_once_when_commit_result_is_unknown(db: Database) -> None:
 
 
 def test_concurrent_servers_keep_invariants(db: Database) -> None:
-    ops = [MetaOperator(db, MetaSection(inode_batch=16), StaticChainTables({1: [1, 2, 3]})) for _ in range(2)]
+    ops = [
+        MetaOperator(db, MetaSection(inode_batch=16), StaticChainTables({1: [1, 2, 3]}))
+        for _ in range(2)
+    ]
     for i in range(2):
         Fs(ops[0]).mkdir(1, f"d{i}", 0o777)
     errors: list[BaseException] = []
@@ -826,16 +1142,29 @@ def test_creates_in_one_directory_do_not_conflict(db: Database) -> None:
     op = MetaOperator(db, MetaSection(inode_batch=4096), StaticChainTables({1: [1]}))
     d = op.mkdir(F.MkdirRequest(user=ROOT, request_id=rid(), parent=1, name=b"d", mode=0o777)).attr
     t = common_pb2.Timespec(sec=100, nsec=5)
-    op.setattr(F.SetAttrRequest(user=ROOT, request_id=rid(), inode=d.inode, valid=F.SETATTR_MTIME, mtime=t))
+    op.setattr(
+        F.SetAttrRequest(user=ROOT, request_id=rid(), inode=d.inode, valid=F.SETATTR_MTIME, mtime=t)
+    )
     assert ns(op.getattr(F.GetAttrRequest(user=ROOT, inode=d.inode)).attr.mtime) == ns(t)
     base = db.retries
 
     def worker(k: int) -> None:
         for i in range(25):
-            op.mknod(F.MknodRequest(user=ROOT, request_id=rid(), parent=d.inode, name=b"f%d-%d" % (k, i),
-                                    mode=stat.S_IFREG | 0o644))
+            op.mknod(
+                F.MknodRequest(
+                    user=ROOT,
+                    request_id=rid(),
+                    parent=d.inode,
+                    name=b"f%d-%d" % (k, i),
+                    mode=stat.S_IFREG | 0o644,
+                )
+            )
             if i % 5 == 0:
-                op.unlink(F.RemoveRequest(user=ROOT, request_id=rid(), parent=d.inode, name=b"f%d-%d" % (k, i)))
+                op.unlink(
+                    F.RemoveRequest(
+                        user=ROOT, request_id=rid(), parent=d.inode, name=b"f%d-%d" % (k, i)
+                    )
+                )
 
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
     for th in threads:

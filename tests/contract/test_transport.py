@@ -119,12 +119,16 @@ class EchoNode:
         self.address = ""
 
     async def start(self) -> None:
-        add_servicer(self.server, transport_pb2_grpc.add_TransportServiceServicer_to_server, self.st.servicer)
+        add_servicer(
+            self.server, transport_pb2_grpc.add_TransportServiceServicer_to_server, self.st.servicer
+        )
         handlers = {
             "Put": grpc.unary_unary_rpc_method_handler(self.echo.Put, **_serializers()),
             "Get": grpc.unary_unary_rpc_method_handler(self.echo.Get, **_serializers()),
         }
-        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("fs3test.Echo", handlers),))
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("fs3test.Echo", handlers),)
+        )
         port = bind(self.server, "127.0.0.1", 0)
         await self.server.start()
         await self.st.start("127.0.0.1")
@@ -183,7 +187,9 @@ def _shm_files() -> set[str]:
 
 
 @asynccontextmanager
-async def echo_pair(kind: str, *, node_kwargs: dict[str, Any] | None = None, **ct_kwargs: Any) -> AsyncIterator[tuple[EchoNode, EchoClient]]:
+async def echo_pair(
+    kind: str, *, node_kwargs: dict[str, Any] | None = None, **ct_kwargs: Any
+) -> AsyncIterator[tuple[EchoNode, EchoClient]]:
     before = _shm_files()
     node = EchoNode(**(node_kwargs or {}))
     await node.start()
@@ -230,7 +236,10 @@ def test_many_concurrent_transfers(kind: str) -> None:
     async def main() -> None:
         rng = random.Random(2)
         async with echo_pair(kind) as (node, c):
-            blobs = {f"c{i}": _payload(rng, rng.choice([1, 100, 4096, 65536, 300_000])) for i in range(64)}
+            blobs = {
+                f"c{i}": _payload(rng, rng.choice([1, 100, 4096, 65536, 300_000]))
+                for i in range(64)
+            }
             await asyncio.gather(*(c.put(k, v) for k, v in blobs.items()))
             dests = {k: bytearray(len(v)) for k, v in blobs.items()}
             ns = await asyncio.gather(*(c.get(k, memoryview(dests[k])) for k in blobs))
@@ -255,7 +264,11 @@ def test_shm_registered_region_is_used_in_place() -> None:
                 await c.ct.register_region(region)
                 region.buf[4096:8192] = b"z" * 4096
                 ref, _ = await c.ct.write_ref(c.address, "", region.buf[4096:8192])
-                assert ref.shm.region == region.id and ref.shm.offset == 4096 and ref.shm.length == 4096
+                assert (
+                    ref.shm.region == region.id
+                    and ref.shm.offset == 4096
+                    and ref.shm.length == 4096
+                )
                 await c.put("r", region.buf[4096:8192])
                 n = await c.get("r", region.buf[0:4096])
                 assert n == 4096 and bytes(region.buf[0:4096]) == b"z" * 4096
@@ -290,17 +303,23 @@ def test_shm_bounds_and_unknown_region_refused() -> None:
             unknown = DataRef(shm=transport_pb2.ShmRef(region="nope", offset=0, length=1))
             with pytest.raises(FsError) as ei:
                 await call(c._mc("Put", key="b"), unknown, timeout=5)
-            assert ei.value.code == Code.INVALID_ARGUMENT and "unknown shm region" in ei.value.message
+            assert (
+                ei.value.code == Code.INVALID_ARGUMENT and "unknown shm region" in ei.value.message
+            )
             # a registration naming a file outside /dev/shm is refused
             stub = transport_pb2_grpc.TransportServiceStub(c.pool.get(c.address))
             for path in ("/etc/passwd", "/dev/shm/../../etc/passwd", "/dev/shm/does-not-exist"):
-                req = transport_pb2.RegisterRegionRequest(client_id="x", region="evil", path=path, size=10, pid=os.getpid())
+                req = transport_pb2.RegisterRegionRequest(
+                    client_id="x", region="evil", path=path, size=10, pid=os.getpid()
+                )
                 with pytest.raises(FsError) as ei:
                     await call(stub.RegisterRegion, req, timeout=5)
                 assert ei.value.code == Code.INVALID_ARGUMENT
             # someone else's region id cannot be taken over
             region = next(iter(c.ct.regions))  # type: ignore[attr-defined]
-            req = transport_pb2.RegisterRegionRequest(client_id="other", region=rid, path=region.path, size=4096, pid=os.getpid())
+            req = transport_pb2.RegisterRegionRequest(
+                client_id="other", region=rid, path=region.path, size=4096, pid=os.getpid()
+            )
             with pytest.raises(FsError):
                 await call(stub.RegisterRegion, req, timeout=5)
             # delivering more than the destination holds is refused
@@ -321,19 +340,29 @@ def test_tcp_refusals() -> None:
             assert tcp is not None
             # unknown connection
             with pytest.raises(FsError) as ei:
-                await node.st.fetch(DataRef(tcp=transport_pb2.TcpRef(conn_id=12345, transfer_id=1, length=5)))
+                await node.st.fetch(
+                    DataRef(tcp=transport_pb2.TcpRef(conn_id=12345, transfer_id=1, length=5))
+                )
             assert ei.value.code == Code.TRANSPORT and ei.value.retryable
             # a frame that never comes: retryable timeout, not a hang
             conn_id = next(iter(tcp._conns))
             t0 = time.monotonic()
             with pytest.raises(FsError) as ei:
-                await node.st.fetch(DataRef(tcp=transport_pb2.TcpRef(conn_id=conn_id, transfer_id=999_999, length=5)))
+                await node.st.fetch(
+                    DataRef(
+                        tcp=transport_pb2.TcpRef(conn_id=conn_id, transfer_id=999_999, length=5)
+                    )
+                )
             assert ei.value.code == Code.TRANSPORT and ei.value.retryable
             assert time.monotonic() - t0 < 5
             # the ref's length disagrees with the frame
             ref, sent = await c.ct.write_ref(c.address, c.data_address, memoryview(b"abcdef"))
             await sent
-            bad = DataRef(tcp=transport_pb2.TcpRef(conn_id=ref.tcp.conn_id, transfer_id=ref.tcp.transfer_id, length=3))
+            bad = DataRef(
+                tcp=transport_pb2.TcpRef(
+                    conn_id=ref.tcp.conn_id, transfer_id=ref.tcp.transfer_id, length=3
+                )
+            )
             with pytest.raises(FsError) as ei:
                 await node.st.fetch(bad)
             assert ei.value.code == Code.INVALID_ARGUMENT
@@ -366,7 +395,9 @@ def test_inline_refs_are_not_delivered_and_kinds() -> None:
                 await st.deliver_bytes(DataRef(inline=b""), b"x")
             assert ei.value.code == Code.INVALID_ARGUMENT
             with pytest.raises(FsError) as ei:
-                await st.fetch(DataRef(tcp=transport_pb2.TcpRef(conn_id=1, transfer_id=1, length=1)))
+                await st.fetch(
+                    DataRef(tcp=transport_pb2.TcpRef(conn_id=1, transfer_id=1, length=1))
+                )
             assert ei.value.code == Code.INVALID_ARGUMENT
         finally:
             await st.stop()
@@ -448,12 +479,16 @@ def test_shm_vanished_client_region_dropped(children: list[subprocess.Popen[str]
             p = _spawn(children, ["-c", _CHILD_SHM, node.address])
             rid, path = (await _readline(p)).split()
             assert node.st.regions.has(rid)
-            view = await node.st.fetch(DataRef(shm=transport_pb2.ShmRef(region=rid, offset=0, length=10)))
+            view = await node.st.fetch(
+                DataRef(shm=transport_pb2.ShmRef(region=rid, offset=0, length=10))
+            )
             p.send_signal(signal.SIGKILL)
             await asyncio.to_thread(p.wait, 10)
             await _until(lambda: not node.st.regions.has(rid), 5)
             with pytest.raises(FsError):
-                await node.st.fetch(DataRef(shm=transport_pb2.ShmRef(region=rid, offset=0, length=10)))
+                await node.st.fetch(
+                    DataRef(shm=transport_pb2.ShmRef(region=rid, offset=0, length=10))
+                )
             assert len(view) == 10  # a view handed out earlier stays valid (mapping closed later)
             view.release()
             node.st.regions.sweep()
@@ -476,7 +511,9 @@ def test_tcp_killed_client_fails_fetch_promptly(children: list[subprocess.Popen[
             p = _spawn(children, ["-c", _CHILD_TCP, node.data_address])
             conn_id = int(await _readline(p))
             fetch = asyncio.create_task(
-                node.st.fetch(DataRef(tcp=transport_pb2.TcpRef(conn_id=conn_id, transfer_id=77, length=100)))
+                node.st.fetch(
+                    DataRef(tcp=transport_pb2.TcpRef(conn_id=conn_id, transfer_id=77, length=100))
+                )
             )
             await asyncio.sleep(0.1)
             assert not fetch.done()
@@ -530,7 +567,10 @@ def test_shm_staging_is_bounded_and_reused() -> None:
 
     async def main() -> None:
         rng = random.Random(5)
-        async with echo_pair("shm", staging_arena_bytes=1 << 20, staging_max_bytes=2 << 20) as (_node, c):
+        async with echo_pair("shm", staging_arena_bytes=1 << 20, staging_max_bytes=2 << 20) as (
+            _node,
+            c,
+        ):
             blobs = [_payload(rng, 256 << 10) for _ in range(32)]
             await asyncio.gather(*(c.put(f"s{i}", b) for i, b in enumerate(blobs)))
             outs = [bytearray(256 << 10) for _ in blobs]
@@ -635,7 +675,9 @@ def test_throughput_1mib(capsys: pytest.CaptureFixture[str]) -> None:
     results = {k: run(measure(k, total_bytes=32 << 20)) for k in KINDS}
     with capsys.disabled():
         for k, (w, r) in results.items():
-            print(f"\ntransport {k}: write {w:.0f} MB/s, read {r:.0f} MB/s (1 MiB payloads, loopback)")
+            print(
+                f"\ntransport {k}: write {w:.0f} MB/s, read {r:.0f} MB/s (1 MiB payloads, loopback)"
+            )
     for w, r in results.values():
         assert w > 0 and r > 0
 

@@ -16,7 +16,9 @@ from fs3.testing.faults import leftover_netns
 
 def _fault_nat_rules() -> set[str]:
     try:
-        r = subprocess.run(["iptables", "-t", "nat", "-S"], capture_output=True, text=True, timeout=30, check=False)
+        r = subprocess.run(
+            ["iptables", "-t", "nat", "-S"], capture_output=True, text=True, timeout=30, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return set()
     return {line for line in r.stdout.splitlines() if "fs3-fault-" in line}

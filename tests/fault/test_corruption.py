@@ -37,18 +37,29 @@ def test_silent_corruption_detected_and_repaired() -> None:
         api.write("/precious", 0, data)
         ino = api.client.stat("/precious").st_ino
         dirs = storage_target_dirs(sc.pc)
-        replicas = [cf for tid, d in sorted(dirs.items()) for cf in list_chunk_files(d, tid, ino) if cf.index == 0]
+        replicas = [
+            cf
+            for tid, d in sorted(dirs.items())
+            for cf in list_chunk_files(d, tid, ino)
+            if cf.index == 0
+        ]
         assert len(replicas) == 3, replicas
         victim = replicas[1]
         off, orig = corrupt_chunk(victim, nbytes=64)
-        sc.say(f"flipped 64 bytes at offset {off} of chunk {ino}:0 on target {victim.target_id} ({victim.path})")
+        sc.say(
+            f"flipped 64 bytes at offset {off} of chunk {ino}:0 on target {victim.target_id} ({victim.path})"
+        )
         fuse = sc.fuse("reader")
         for i in range(10):
             assert api.read("/precious", 0, len(data)) == data, f"API read {i} returned wrong bytes"
-            assert fuse.read("/precious", 0, len(data)) == data, f"FUSE read {i} returned wrong bytes"
+            assert fuse.read("/precious", 0, len(data)) == data, (
+                f"FUSE read {i} returned wrong bytes"
+            )
         detected = not any(f"chunk {ino}:0" in p for p in check_replicas(sc.pc))
-        sc.say("20 reads through the API and the mount returned the right bytes "
-               f"({'the clients hit the damaged replica: already repaired' if detected else 'damage not hit yet'})")
+        sc.say(
+            "20 reads through the API and the mount returned the right bytes "
+            f"({'the clients hit the damaged replica: already repaired' if detected else 'damage not hit yet'})"
+        )
         code, _ = read_replica(sc.pc, victim.target_id, ino, 0, victim.length)
         sc.say(f"a read aimed at target {victim.target_id} answers code {code}")
         if not detected:
@@ -59,9 +70,13 @@ def test_silent_corruption_detected_and_repaired() -> None:
             problems = check_replicas(sc.pc)
             if not problems:
                 break
-            assert time.monotonic() < deadline, "corrupt replica not repaired:\n" + "\n".join(problems)
+            assert time.monotonic() < deadline, "corrupt replica not repaired:\n" + "\n".join(
+                problems
+            )
             time.sleep(0.5)
-        sc.say(f"target {victim.target_id} repaired {time.monotonic() - t:.1f}s after detection; replicas identical")
+        sc.say(
+            f"target {victim.target_id} repaired {time.monotonic() - t:.1f}s after detection; replicas identical"
+        )
         code, back = read_replica(sc.pc, victim.target_id, ino, 0, victim.length)
         assert code == 0 and back == data[: victim.length]
         log = sc.pc.log_path(target_node(victim.target_id)).read_text(errors="replace")

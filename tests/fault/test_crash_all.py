@@ -30,7 +30,9 @@ def test_kill_every_process_and_restart_from_data() -> None:
         sc.say(f"kill -9 of every process: {names}; {acked} writes acknowledged before the crash")
         # the kernel may answer stat() of the mount root from its attribute cache for ~1 s after
         # the daemon died; `up` refuses a mount point that still looks mounted, so wait for it
-        sc.pc.wait_for(lambda: sc.pc.mount_state() == "stale", 10, "the dead mount to show as stale")
+        sc.pc.wait_for(
+            lambda: sc.pc.mount_state() == "stale", 10, "the dead mount to show as stale"
+        )
         t = time.monotonic()
         sc.pc.start()
         sc.say(f"cluster restarted from its data directories in {time.monotonic() - t:.1f}s")

@@ -33,19 +33,27 @@ def test_full_disk_on_one_target() -> None:
         wl = sc.start_workload(config=WorkloadConfig(max_blocks=8, files_per_writer=2))
         sc.progress(15, 30, "baseline")
         api = sc.api("big")
-        big = os.urandom(8 << 20)  # 8 chunks: striped over both chains, so it needs room on target 301
+        big = os.urandom(
+            8 << 20
+        )  # 8 chunks: striped over both chains, so it needs room on target 301
         ballast = fs.fill(leave_bytes=1 << 20)
-        sc.say(f"target 301's tmpfs filled with {ballast.stat().st_size >> 20} MiB of ballast; "
-               f"{fs.free_bytes() >> 10} KiB free")
+        sc.say(
+            f"target 301's tmpfs filled with {ballast.stat().st_size >> 20} MiB of ballast; "
+            f"{fs.free_bytes() >> 10} KiB free"
+        )
         t = time.monotonic()
         with pytest.raises(OSError) as ei:
             api.write("/big-file", 0, big)
         took = time.monotonic() - t
-        sc.say(f"large write failed with errno {ei.value.errno} ({os.strerror(ei.value.errno or 0)}) after {took:.1f}s")
+        sc.say(
+            f"large write failed with errno {ei.value.errno} ({os.strerror(ei.value.errno or 0)}) after {took:.1f}s"
+        )
         assert ei.value.errno == errno.ENOSPC, f"want ENOSPC, got {ei.value!r}"
         assert took < ENOSPC_BOUND_S
         s = sc.pc.status()
-        assert all(p["alive"] for p in s["processes"] if p["role"] != "fuse" or sc.pc.mountpoint), s["processes"]
+        assert all(p["alive"] for p in s["processes"] if p["role"] != "fuse" or sc.pc.mountpoint), (
+            s["processes"]
+        )
         # other chain and existing data keep working
         other_ok = 0
         for i in range(12):
@@ -62,9 +70,15 @@ def test_full_disk_on_one_target() -> None:
         checked = wl.model.verify_all(api, "read-while-full")
         assert not checked, [str(v) for v in checked]
         states = {t["id"]: t["state"] for t in sc.pc.status()["targets"]}
-        sc.say(f"while full: every acknowledged block still reads back correctly; target states {states}")
-        assert all(v == "serving" for v in states.values()), f"a full target broke its chain: {states}"
-        sc.say(f"while full: workload has {wl.acked()} acknowledged writes, errors {wl.model.counts.get('op_errors', 0)}")
+        sc.say(
+            f"while full: every acknowledged block still reads back correctly; target states {states}"
+        )
+        assert all(v == "serving" for v in states.values()), (
+            f"a full target broke its chain: {states}"
+        )
+        sc.say(
+            f"while full: workload has {wl.acked()} acknowledged writes, errors {wl.model.counts.get('op_errors', 0)}"
+        )
         sc.say("free the space (delete the ballast)")
         ballast.unlink()
         t = time.monotonic()
@@ -74,7 +88,9 @@ def test_full_disk_on_one_target() -> None:
                 api.write("/big-file", 0, big)
                 break
             except OSError as e:
-                assert time.monotonic() < deadline, f"target did not recover after space was freed: {e!r}"
+                assert time.monotonic() < deadline, (
+                    f"target did not recover after space was freed: {e!r}"
+                )
                 time.sleep(1)
         sc.say(f"the large write succeeded {time.monotonic() - t:.1f}s after the space was freed")
         assert api.read("/big-file", 0, len(big)) == big

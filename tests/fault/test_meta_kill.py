@@ -24,9 +24,13 @@ def _wait_ops(sc, storm: NamespaceStorm, n: int, timeout_s: float, what: str) ->
     start = storm.ops
     t = time.monotonic()
     while storm.ops < start + n:
-        assert time.monotonic() - t < timeout_s, f"{what}: only {storm.ops - start} ops in {timeout_s}s"
+        assert time.monotonic() - t < timeout_s, (
+            f"{what}: only {storm.ops - start} ops in {timeout_s}s"
+        )
         time.sleep(0.05)
-    sc.say(f"{what}: {n} more namespace ops in {time.monotonic() - t:.1f}s (total {storm.ops}, errors {storm.errors})")
+    sc.say(
+        f"{what}: {n} more namespace ops in {time.monotonic() - t:.1f}s (total {storm.ops}, errors {storm.errors})"
+    )
 
 
 @pytest.mark.timeout(200)
@@ -46,7 +50,10 @@ def test_kill_meta_during_namespace_storm() -> None:
         assert storm.stop(60) == []
         sc.say(f"storm stopped: {storm.summary()}")
         if storm.anomalies:
-            sc.say("retry anomalies (call reported failure but took effect): " + "; ".join(storm.anomalies[:10]))
+            sc.say(
+                "retry anomalies (call reported failure but took effect): "
+                + "; ".join(storm.anomalies[:10])
+            )
         bad = storm.verify(sc.api("final"))
         assert not bad, "\n".join(str(v) for v in bad)
         problems = sc.final_checks(replicas=False)

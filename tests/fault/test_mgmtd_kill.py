@@ -35,7 +35,9 @@ class RoutingWatch:
         for c in s["chains"]:
             cid = c["id"]
             if c["version"] < self.versions.get(cid, 0):
-                self.problems.append(f"chain {cid} version went back {self.versions[cid]} -> {c['version']}")
+                self.problems.append(
+                    f"chain {cid} version went back {self.versions[cid]} -> {c['version']}"
+                )
             self.versions[cid] = max(self.versions.get(cid, 0), c["version"])
             m = set(c["targets"])
             if self.members.setdefault(cid, m) != m:
@@ -51,6 +53,7 @@ def test_kill_mgmtd_leader_during_writes_and_node_failure() -> None:
             def f(s: dict) -> bool:  # type: ignore[type-arg]
                 watch.see(s)
                 return s["leader"] not in (None, old)
+
             return f
 
         sc.start_workload()
@@ -71,8 +74,14 @@ def test_kill_mgmtd_leader_during_writes_and_node_failure() -> None:
         sc.pc.kill(leader2)
         t = time.monotonic()
         sc.wait(leader_is_not(leader2), LEAD_BOUND_S, "the other mgmtd leads")
-        sc.wait(lambda s: (watch.see(s), all(ProcessCluster.target_states(s)[x] != "serving" for x in (201, 202)))[1],
-                20, "the new leader took storage-2's targets out of service")
+        sc.wait(
+            lambda s: (
+                watch.see(s),
+                all(ProcessCluster.target_states(s)[x] != "serving" for x in (201, 202)),
+            )[1],
+            20,
+            "the new leader took storage-2's targets out of service",
+        )
         sc.say(f"node failure handled {time.monotonic() - t:.1f}s after both kills")
         sc.progress(10, 30, "writes with storage-2 down under the third leadership")
         sc.pc.restart(leader2)

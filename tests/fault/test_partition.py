@@ -45,20 +45,30 @@ def test_partition_storage_node() -> None:
         targets = [t["id"] for t in sc.pc.status()["targets"] if t["node"] == "storage-3"]
         sc.say(f"cut the veth of storage-3 (targets {targets})")
         link.partition()
-        sc.wait(lambda s: all(ProcessCluster.target_states(s)[t] != "serving" for t in targets), 20,
-                "storage-3's targets removed from the chains")
+        sc.wait(
+            lambda s: all(ProcessCluster.target_states(s)[t] != "serving" for t in targets),
+            20,
+            "storage-3's targets removed from the chains",
+        )
         assert sc.pc.alive("storage-3"), "the partitioned node must be alive (cut off, not killed)"
         sc.measure_resume(25, "writes resumed without storage-3")
         sc.progress(15, 30, "writes while storage-3 is cut off")
         sc.say("heal the partition")
         link.heal()
         t0 = time.monotonic()
-        sc.wait(lambda s: all(n["status"] == "online" for n in s["nodes"] if n["name"] == "storage-3"), 20,
-                "storage-3 heartbeats again")
+        sc.wait(
+            lambda s: all(n["status"] == "online" for n in s["nodes"] if n["name"] == "storage-3"),
+            20,
+            "storage-3 heartbeats again",
+        )
         states = ProcessCluster.target_states(sc.pc.status())
-        assert all(states[t] != "serving" for t in targets), f"a target that missed writes serves again: {states}"
-        sc.say(f"after the heal storage-3's targets stay out of service ({[states[t] for t in targets]}), "
-               "fenced as in 3FS; restart storage-3 (still inside its namespace)")
+        assert all(states[t] != "serving" for t in targets), (
+            f"a target that missed writes serves again: {states}"
+        )
+        sc.say(
+            f"after the heal storage-3's targets stay out of service ({[states[t] for t in targets]}), "
+            "fenced as in 3FS; restart storage-3 (still inside its namespace)"
+        )
         sc.pc.restart("storage-3")
         sc.wait_all_serving(90, "storage-3 resynced and serving")
         sc.say(f"partition healed -> serving again in {time.monotonic() - t0:.1f}s")
@@ -80,8 +90,13 @@ def _is_leader_inside(ns: str, address: str) -> bool | None:
         "except Exception as e:\n"
         "    print('ERROR', e)\n"
     )
-    r = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=60, check=False)
+    r = subprocess.run(
+        ["ip", "netns", "exec", ns, sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     out = r.stdout.strip()
     return True if out == "LEADER" else False if out == "STANDBY" else None
 
@@ -106,18 +121,25 @@ def test_partition_mgmtd_leader_from_kv_side() -> None:
         sc.start_workload()
         sc.progress(15, 30, "baseline with the leader mgmtd-1 in its namespace")
         addr = sc.pc.process("mgmtd-1").address
-        sc.say("isolate mgmtd-1: cut its veth (nodes/clients) and SIGSTOP it (no KV access: no lease renewal)")
+        sc.say(
+            "isolate mgmtd-1: cut its veth (nodes/clients) and SIGSTOP it (no KV access: no lease renewal)"
+        )
         link.partition()
         pause(sc.pc, "mgmtd-1")
         try:
             sc.wait(lambda s: s["leader"] == "mgmtd-2", 20, "mgmtd-2 took the lease and leads")
             sc.progress(10, 30, "writes under mgmtd-2")
             states = ProcessCluster.target_states(sc.pc.status())
-            assert all(v == "serving" for v in states.values()), f"healthy targets lost during the failover: {states}"
+            assert all(v == "serving" for v in states.values()), (
+                f"healthy targets lost during the failover: {states}"
+            )
             sc.say("kill -9 storage-3 while mgmtd-1 is isolated: the new leader must handle it")
             sc.pc.kill("storage-3")
-            sc.wait(lambda s: all(ProcessCluster.target_states(s)[t] != "serving" for t in (301, 302)), 20,
-                    "mgmtd-2 took storage-3's targets out")
+            sc.wait(
+                lambda s: all(ProcessCluster.target_states(s)[t] != "serving" for t in (301, 302)),
+                20,
+                "mgmtd-2 took storage-3's targets out",
+            )
             sc.say("SIGCONT mgmtd-1 while it is still cut off")
         finally:
             resume(sc.pc, "mgmtd-1")
@@ -135,8 +157,11 @@ def test_partition_mgmtd_leader_from_kv_side() -> None:
         s = sc.pc.status()
         from fs3.cli.cluster import MgmtdProbe
 
-        leaders = [p["name"] for p in s["processes"] if p["role"] == "mgmtd"
-                   and MgmtdProbe([p["address"]], timeout_s=2).leader() is not None]
+        leaders = [
+            p["name"]
+            for p in s["processes"]
+            if p["role"] == "mgmtd" and MgmtdProbe([p["address"]], timeout_s=2).leader() is not None
+        ]
         sc.say(f"after the heal: leaders {leaders}")
         assert leaders == ["mgmtd-2"], leaders
         sc.progress(10, 30, "workload after the heal")

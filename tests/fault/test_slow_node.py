@@ -21,7 +21,9 @@ pytestmark = [pytest.mark.fault, pytest.mark.integration]
 
 _why = netns_unavailable()
 _kinds = qdisc_kinds() if _why is None else {}
-_skip = _why or (None if any(_kinds.values()) else "neither netem nor tbf qdiscs are available (tc)")
+_skip = _why or (
+    None if any(_kinds.values()) else "neither netem nor tbf qdiscs are available (tc)"
+)
 
 
 def _rate(sc, seconds: float) -> float:  # type: ignore[no-untyped-def]
@@ -53,12 +55,20 @@ def test_slow_storage_node() -> None:
         link.unslow()
         sc.say("shaping removed")
         after = _rate(sc, 6)
-        sc.figures.update({"writes/s before": before, "writes/s slow": during, "writes/s after": after})
-        sc.say(f"acknowledged writes/s: before {before:.1f}, slow {during:.1f}, after {after:.1f}; "
-               f"client errors while slow: {errors_during}; chain states seen while slow: {sorted(states_seen)}")
+        sc.figures.update(
+            {"writes/s before": before, "writes/s slow": during, "writes/s after": after}
+        )
+        sc.say(
+            f"acknowledged writes/s: before {before:.1f}, slow {during:.1f}, after {after:.1f}; "
+            f"client errors while slow: {errors_during}; chain states seen while slow: {sorted(states_seen)}"
+        )
         assert during > 0, "no write completed while the node was slow"
-        assert states_seen == {"serving"}, f"a slow node was taken out of service (timeouts cascaded): {states_seen}"
+        assert states_seen == {"serving"}, (
+            f"a slow node was taken out of service (timeouts cascaded): {states_seen}"
+        )
         assert errors_during == 0, f"client operations failed while a node was slow: {wl.errors}"
-        assert after > during * 0.8 or after > before * 0.5, "throughput did not recover after the shaping"
+        assert after > during * 0.8 or after > before * 0.5, (
+            "throughput did not recover after the shaping"
+        )
         problems = sc.final_checks()
         assert not problems, "\n".join(problems)

@@ -33,10 +33,17 @@ def test_kill_head_middle_tail_storage_during_writes() -> None:
             chain = next(c for c in sc.pc.status()["chains"] if c["id"] == 1)
             victim_target = chain["targets"][pos]
             victim = target_node(victim_target)
-            sc.say(f"chain 1 is {chain['targets']}; kill -9 its {role} {victim} (target {victim_target})")
+            sc.say(
+                f"chain 1 is {chain['targets']}; kill -9 its {role} {victim} (target {victim_target})"
+            )
             sc.pc.kill(victim)
-            sc.wait(lambda s, t=victim_target: ProcessCluster.target_states(s).get(t) not in ("serving", None),
-                    DETECT_BOUND_S, f"mgmtd took target {victim_target} out of service")
+            sc.wait(
+                lambda s, t=victim_target: (
+                    ProcessCluster.target_states(s).get(t) not in ("serving", None)
+                ),
+                DETECT_BOUND_S,
+                f"mgmtd took target {victim_target} out of service",
+            )
             sc.measure_resume(RESUME_BOUND_S, f"writes resumed after killing the {role}")
             sc.progress(10, RESUME_BOUND_S, f"workload while {victim} is down")
             sc.say(f"restart {victim}")
@@ -48,4 +55,3 @@ def test_kill_head_middle_tail_storage_during_writes() -> None:
         problems = sc.final_checks()
         assert not problems, "\n".join(problems)
         assert not wl.model.violations
-

@@ -36,30 +36,49 @@ def test_two_of_three_down_then_return_in_order() -> None:
         for node, targets in (("storage-2", t2), ("storage-3", t3)):
             sc.say(f"kill -9 {node} (targets {targets})")
             sc.pc.kill(node)
-            sc.wait(lambda s, ts=targets: all(ProcessCluster.target_states(s)[t] != "serving" for t in ts), 15,
-                    f"{node}'s targets out of service")
+            sc.wait(
+                lambda s, ts=targets: all(
+                    ProcessCluster.target_states(s)[t] != "serving" for t in ts
+                ),
+                15,
+                f"{node}'s targets out of service",
+            )
         sc.measure_resume(20, "writes resumed on the last serving replicas")
         sc.progress(15, 30, "writes acknowledged by storage-1 alone")
         states = ProcessCluster.target_states(sc.pc.status())
         assert all(states[t] == "serving" for t in t1), states
         acked_alone = wl.acked()
-        sc.say(f"kill -9 storage-1 too (the last serving replicas, targets {t1}); {acked_alone} writes acknowledged")
+        sc.say(
+            f"kill -9 storage-1 too (the last serving replicas, targets {t1}); {acked_alone} writes acknowledged"
+        )
         sc.pc.kill("storage-1")
-        sc.wait(lambda s: all(ProcessCluster.target_states(s)[t] == "last-serving" for t in t1), 15,
-                "storage-1's targets published as last-serving")
+        sc.wait(
+            lambda s: all(ProcessCluster.target_states(s)[t] == "last-serving" for t in t1),
+            15,
+            "storage-1's targets published as last-serving",
+        )
         for node in ("storage-2", "storage-3"):
             sc.say(f"restart {node} before the last-serving node (3FS must not let it serve)")
             sc.pc.restart(node)
         # they are back and report in, but must not serve (they missed the writes of storage-1 alone)
-        sc.wait(lambda s: all(n["status"] == "online" for n in s["nodes"] if n["name"] in ("storage-2", "storage-3")),
-                20, "storage-2 and storage-3 heartbeat again")
+        sc.wait(
+            lambda s: all(
+                n["status"] == "online"
+                for n in s["nodes"]
+                if n["name"] in ("storage-2", "storage-3")
+            ),
+            20,
+            "storage-2 and storage-3 heartbeat again",
+        )
         deadline_states = []
         for _ in range(10):
             st = ProcessCluster.target_states(sc.pc.status())
             deadline_states.append(st)
             assert all(st[t] != "serving" for t in t2 + t3), f"a stale replica serves: {st}"
             time.sleep(0.3)
-        sc.say(f"while the last-serving node is down, the returned targets stay out: {deadline_states[-1]}")
+        sc.say(
+            f"while the last-serving node is down, the returned targets stay out: {deadline_states[-1]}"
+        )
         sc.say("restart storage-1 (the last-serving node)")
         sc.pc.restart("storage-1")
         sc.wait_all_serving(90, "chains serving again, storage-2/3 resynced from storage-1")

@@ -46,7 +46,9 @@ class _Timespec(ctypes.Structure):
 
 
 def renameat2(old: str, new: str, flags: int) -> None:
-    r = _libc.renameat2(AT_FDCWD, os.fsencode(old), AT_FDCWD, os.fsencode(new), ctypes.c_uint(flags))
+    r = _libc.renameat2(
+        AT_FDCWD, os.fsencode(old), AT_FDCWD, os.fsencode(new), ctypes.c_uint(flags)
+    )
     if r != 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e), old)
@@ -92,7 +94,9 @@ def run_as(uid: int, gid: int, groups: list[int], code: str, timeout: float = 30
         + "except OSError as e:\n    result = {'errno': e.errno}\n"
         "print(json.dumps(result))\n"
     )
-    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=timeout, check=False)
+    r = subprocess.run(
+        [sys.executable, "-c", prog], capture_output=True, text=True, timeout=timeout, check=False
+    )
     if r.returncode != 0:
         raise AssertionError(f"run_as failed: {r.stderr}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -101,7 +105,9 @@ def run_as(uid: int, gid: int, groups: list[int], code: str, timeout: float = 30
 class Mount:
     """A mount made with ``fs3 mount`` (daemon mode), unmounted and killed on close."""
 
-    def __init__(self, cluster_file: str, mountpoint: Path, *opts: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, cluster_file: str, mountpoint: Path, *opts: str, env: dict[str, str] | None = None
+    ) -> None:
         self.mountpoint = mountpoint
         with contextlib.suppress(OSError):  # a stale mount there answers ENOTCONN
             mountpoint.mkdir(parents=True, exist_ok=True)
@@ -110,7 +116,9 @@ class Mount:
         args = [*FS3, "mount", "--cluster", cluster_file, str(mountpoint)]
         for o in opts:
             args += ["-o", o]
-        self.result = subprocess.run(args, capture_output=True, text=True, timeout=90, env=full_env, check=False)
+        self.result = subprocess.run(
+            args, capture_output=True, text=True, timeout=90, env=full_env, check=False
+        )
         self.pid = 0
         for word in self.result.stdout.replace(")", " ").split():
             if word.isdigit():
@@ -123,7 +131,9 @@ class Mount:
 
     def close(self) -> None:
         if mount_fstype(str(self.mountpoint)) is not None:
-            subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], capture_output=True, check=False)
+            subprocess.run(
+                ["fusermount3", "-u", "-z", str(self.mountpoint)], capture_output=True, check=False
+            )
         if self.pid:
             with contextlib.suppress(ProcessLookupError):
                 wait_until(lambda: not _alive(self.pid), 20, f"daemon {self.pid} exit")
@@ -173,8 +183,16 @@ def fuse_cluster(request: pytest.FixtureRequest) -> Iterator[ProcessCluster]:
     c = _shared.get("cluster")
     if c is None:
         base = world_dir("fs3-fuse-")
-        c = ProcessCluster(base / "cluster", storage_nodes=3, targets_per_node=1, replicas=3, meta=2, mgmtd=1,
-                           mount=str(base / "mnt"), overrides=FAST)
+        c = ProcessCluster(
+            base / "cluster",
+            storage_nodes=3,
+            targets_per_node=1,
+            replicas=3,
+            meta=2,
+            mgmtd=1,
+            mount=str(base / "mnt"),
+            overrides=FAST,
+        )
         try:
             c.start()
         except BaseException:

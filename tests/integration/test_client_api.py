@@ -34,7 +34,12 @@ CHUNK = 1 << 20  # the cluster's default chunk size
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ProcessCluster]:
     with ProcessCluster(
-        storage_nodes=3, targets_per_node=1, replicas=3, meta=2, mgmtd=1, transport="grpc",
+        storage_nodes=3,
+        targets_per_node=1,
+        replicas=3,
+        meta=2,
+        mgmtd=1,
+        transport="grpc",
         overrides={"storage": {"storage": {"fsync": False}}},
     ) as c:
         yield c
@@ -63,7 +68,12 @@ class LocalFS:
         return open(self.p(rel), mode, **kw)
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
-        fn = {"exists": os.path.exists, "isdir": os.path.isdir, "isfile": os.path.isfile, "islink": os.path.islink}.get(name) or getattr(os, name)
+        fn = {
+            "exists": os.path.exists,
+            "isdir": os.path.isdir,
+            "isfile": os.path.isfile,
+            "islink": os.path.islink,
+        }.get(name) or getattr(os, name)
 
         def call(rel: str, *a: Any, **kw: Any) -> Any:
             if name in ("rename", "replace", "link"):
@@ -123,7 +133,13 @@ class Trace:
 
 def _norm(r: Any) -> Any:
     if isinstance(r, os.stat_result):
-        return ("stat", stat.S_IFMT(r.st_mode), stat.S_IMODE(r.st_mode), r.st_size if not stat.S_ISDIR(r.st_mode) else "-", r.st_nlink)
+        return (
+            "stat",
+            stat.S_IFMT(r.st_mode),
+            stat.S_IMODE(r.st_mode),
+            r.st_size if not stat.S_ISDIR(r.st_mode) else "-",
+            r.st_nlink,
+        )
     if isinstance(r, list):
         return sorted(_norm(x) for x in r)
     if isinstance(r, bytearray):
@@ -442,7 +458,9 @@ SCENARIOS = [
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)
-def test_parity_with_builtins(scenario: Callable[[Any, Trace], None], client: Any, tmp_path: Any) -> None:
+def test_parity_with_builtins(
+    scenario: Callable[[Any, Trace], None], client: Any, tmp_path: Any
+) -> None:
     local_root = tmp_path / "root"
     local_root.mkdir()
     want = Trace()
@@ -489,7 +507,9 @@ def test_length_visible_to_other_clients(cluster: ProcessCluster, client: Any) -
     try:
         f = client.open("/len", "wb")
         f.write(b"a" * 5000)
-        assert client.stat("/len").st_size == 0  # still in the file object's buffer (as with builtins)
+        assert (
+            client.stat("/len").st_size == 0
+        )  # still in the file object's buffer (as with builtins)
         f.flush()
         assert client.stat("/len").st_size == 5000  # own writes count at once
         f.fsync()
@@ -582,7 +602,6 @@ def test_eof_length_from_storage(cluster: ProcessCluster) -> None:
         eager.close()
 
 
-
 async def _chunks_on_every_target(core: Any, ino: int) -> int:
     """How many chunks of ``ino`` exist, summed over every target (replicas count)."""
     from fs3.proto import storage_pb2
@@ -592,14 +611,19 @@ async def _chunks_on_every_target(core: Any, ino: int) -> int:
     routing = core.routing
     for t in routing.targets():
         node = routing.node(t.node_id)
-        r = await call(core.storage._stub(node.address).ListChunks,
-                       storage_pb2.ListChunksRequest(target_id=t.target_id, inode=ino), timeout=10)
+        r = await call(
+            core.storage._stub(node.address).ListChunks,
+            storage_pb2.ListChunksRequest(target_id=t.target_id, inode=ino),
+            timeout=10,
+        )
         n += len(r.metas)
     return n
+
 
 def test_gc_worker_removes_chunks_of_unlinked_files(client: Any) -> None:
     """The GC worker (fs3/client/gc.py) drains meta's queue and deletes chunks on every replica."""
     from fs3.client.gc import GcWorker
+
     core = client.core
 
     async def chunks_of(ino: int) -> int:
@@ -630,7 +654,6 @@ def test_gc_worker_removes_chunks_of_unlinked_files(client: Any) -> None:
     assert client.bridge.run(drain()) == 0
 
 
-
 def test_meta_servers_delete_chunks_of_unlinked_files_on_their_own(client: Any) -> None:
     """No worker in the test: the meta servers' background GC removes every replica's chunks."""
     core = client.core
@@ -653,6 +676,7 @@ def test_meta_servers_delete_chunks_of_unlinked_files_on_their_own(client: Any) 
         return left
 
     assert client.bridge.run(wait_gone()) == 0
+
 
 def test_unclosed_file_is_flushed_at_exit(cluster: ProcessCluster, client: Any) -> None:
     """A program that exits without closing its file still gets its data and length recorded."""
@@ -681,7 +705,9 @@ def test_inode_api_from_trio(client: Any) -> None:
 
     async def main() -> None:
         d = await br.trio_run(core.mkdir(caller, ROOT_INODE, b"trio-dir", 0o755))
-        h, attr = await br.trio_run(core.create(caller, d.inode, b"f", 0o644, os.O_RDWR | os.O_CREAT | os.O_EXCL))
+        h, attr = await br.trio_run(
+            core.create(caller, d.inode, b"f", 0o644, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+        )
         assert attr.size == 0 and h.writable and h.readable
         payload = random.Random(11).randbytes(CHUNK + 999)
 

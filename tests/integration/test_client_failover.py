@@ -24,7 +24,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ProcessCluster]:
     with ProcessCluster(
-        storage_nodes=3, targets_per_node=1, replicas=3, meta=2, mgmtd=1, transport="grpc",
+        storage_nodes=3,
+        targets_per_node=1,
+        replicas=3,
+        meta=2,
+        mgmtd=1,
+        transport="grpc",
         overrides={"storage": {"storage": {"fsync": False}}},
     ) as c:
         yield c
@@ -65,7 +70,9 @@ def test_meta_server_killed_during_namespace_ops(cluster: ProcessCluster) -> Non
     try:
         c.mkdir("/mf")
         used = c.core.meta._current
-        victim = next(p.name for p in cluster._state().processes if p.role == "meta" and p.address == used)
+        victim = next(
+            p.name for p in cluster._state().processes if p.role == "meta" and p.address == used
+        )
         done = [0]
         payloads = {i: random.Random(i).randbytes(3000 + i) for i in range(40)}
 

@@ -155,21 +155,32 @@ def test_stale_mount_is_cleared_by_next_mount(cluster: ProcessCluster) -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def test_mount_errors_are_clear(cluster: ProcessCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_mount_errors_are_clear(
+    cluster: ProcessCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from fs3.fuse.main import main
 
     assert main(["--cluster", str(tmp_path / "nope"), str(tmp_path)]) == 1
     assert "does not exist" in capsys.readouterr().err
     assert main(["--cluster", cluster.cluster_file, str(tmp_path / "missing-dir")]) == 1
     assert "not a directory" in capsys.readouterr().err
-    assert main(["--cluster", cluster.cluster_file, str(cluster.mountpoint)]) == 1  # already mounted
+    assert (
+        main(["--cluster", cluster.cluster_file, str(cluster.mountpoint)]) == 1
+    )  # already mounted
     assert "already a mount point" in capsys.readouterr().err
     # a cluster nobody serves: the command fails (after the client's deadline) instead of hanging
     bad = tmp_path / "bad.cluster"
     bad.write_text("fs3@127.0.0.1:1\n")
     (tmp_path / "mnt").mkdir()
-    r = subprocess.run([*FS3, "mount", "--cluster", str(bad), str(tmp_path / "mnt")], capture_output=True,
-                       text=True, timeout=60, check=False, env=dict(os.environ, FS3_CLIENT_RETRY_DEADLINE_S="2",
-                                                                       FS3_FUSE_LOG_FILE=str(tmp_path / "l.log")))
+    r = subprocess.run(
+        [*FS3, "mount", "--cluster", str(bad), str(tmp_path / "mnt")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=dict(
+            os.environ, FS3_CLIENT_RETRY_DEADLINE_S="2", FS3_FUSE_LOG_FILE=str(tmp_path / "l.log")
+        ),
+    )
     assert r.returncode != 0 and "cannot connect" in r.stderr
     assert mount_state(str(tmp_path / "mnt")) == "absent"

@@ -202,7 +202,9 @@ def test_readdir_dot_entries_and_seek(d: Path) -> None:
     assert sorted(names) == [f"e{i}" for i in range(5)]
     import subprocess
 
-    out = subprocess.run(["ls", "-a", str(d / "s")], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        ["ls", "-a", str(d / "s")], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out[:2] == [".", ".."] and len(out) == 7
     assert os.stat(d / "s" / "..").st_ino == os.stat(d).st_ino
 
@@ -262,7 +264,11 @@ def test_rename_rules(d: Path) -> None:
     (d / "b").write_bytes(b"B")
     ino_a = os.stat(d / "a").st_ino
     os.rename(d / "a", d / "b")  # file over file
-    assert (d / "b").read_bytes() == b"A" and os.stat(d / "b").st_ino == ino_a and not (d / "a").exists()
+    assert (
+        (d / "b").read_bytes() == b"A"
+        and os.stat(d / "b").st_ino == ino_a
+        and not (d / "a").exists()
+    )
     os.mkdir(d / "d1")
     os.mkdir(d / "d2")
     (d / "d1" / "x").write_bytes(b"x")
@@ -525,7 +531,9 @@ def test_permissions_as_other_user(d: Path) -> None:
     secret = d / "secret"
     secret.write_bytes(b"root only")
     secret.chmod(0o600)
-    assert run_as(NOBODY, NOBODY, [], f"result = open({str(secret)!r}, 'rb').read().decode()") == {"errno": errno.EACCES}
+    assert run_as(NOBODY, NOBODY, [], f"result = open({str(secret)!r}, 'rb').read().decode()") == {
+        "errno": errno.EACCES
+    }
     assert run_as(NOBODY, NOBODY, [], f"result = os.access({str(secret)!r}, os.R_OK)") is False
     assert run_as(NOBODY, NOBODY, [], f"result = os.access({str(d)!r}, os.W_OK | os.X_OK)") is True
     # supplementary groups count
@@ -540,8 +548,12 @@ def test_permissions_as_other_user(d: Path) -> None:
     closed = d / "closed"
     closed.mkdir(mode=0o700)
     (closed / "inner").write_bytes(b"")
-    assert run_as(NOBODY, NOBODY, [], f"result = os.stat({str(closed / 'inner')!r}).st_size") == {"errno": errno.EACCES}
-    assert run_as(NOBODY, NOBODY, [], f"result = os.listdir({str(closed)!r})") == {"errno": errno.EACCES}
+    assert run_as(NOBODY, NOBODY, [], f"result = os.stat({str(closed / 'inner')!r}).st_size") == {
+        "errno": errno.EACCES
+    }
+    assert run_as(NOBODY, NOBODY, [], f"result = os.listdir({str(closed)!r})") == {
+        "errno": errno.EACCES
+    }
     # no write permission on a directory: no create, no unlink
     ro = d / "ro"
     ro.mkdir(mode=0o755)
@@ -579,7 +591,9 @@ def test_sticky_directory(d: Path) -> None:
     t.chmod(0o1777)
     (t / "roots").write_bytes(b"")
     assert run_as(NOBODY, NOBODY, [], f"os.unlink({str(t / 'roots')!r})") == {"errno": errno.EPERM}
-    assert run_as(NOBODY, NOBODY, [], f"os.rename({str(t / 'roots')!r}, {str(t / 'x')!r})") == {"errno": errno.EPERM}
+    assert run_as(NOBODY, NOBODY, [], f"os.rename({str(t / 'roots')!r}, {str(t / 'x')!r})") == {
+        "errno": errno.EPERM
+    }
     code = f"open({str(t / 'mine')!r}, 'wb').close(); os.unlink({str(t / 'mine')!r}); result = 'ok'"
     assert run_as(NOBODY, NOBODY, [], code) == "ok"
 
@@ -588,7 +602,10 @@ def test_write_by_non_owner_clears_setuid(d: Path) -> None:
     f = d / "suid"
     f.write_bytes(b"#!/bin/sh\n")
     f.chmod(0o6777)
-    assert run_as(NOBODY, NOBODY, [], f"open({str(f)!r}, 'ab').write(b'echo\\n'); result = 'ok'") == "ok"
+    assert (
+        run_as(NOBODY, NOBODY, [], f"open({str(f)!r}, 'ab').write(b'echo\\n'); result = 'ok'")
+        == "ok"
+    )
     mode = stat.S_IMODE(os.stat(f).st_mode)
     assert not mode & stat.S_ISUID and not mode & stat.S_ISGID, oct(mode)
     assert f.read_bytes() == b"#!/bin/sh\necho\n"

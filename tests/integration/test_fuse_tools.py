@@ -36,7 +36,9 @@ def d(fuse_cluster: ProcessCluster) -> Path:
 
 
 def _run(*args: str, cwd: Path | None = None, **kw: object) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run(list(args), cwd=cwd, capture_output=True, text=True, timeout=60, check=False, **kw)  # type: ignore[call-overload]
+    r = subprocess.run(
+        list(args), cwd=cwd, capture_output=True, text=True, timeout=60, check=False, **kw
+    )  # type: ignore[call-overload]
     assert r.returncode == 0, f"{' '.join(args)} failed ({r.returncode}): {r.stdout}\n{r.stderr}"
     return r  # type: ignore[no-any-return]
 
@@ -89,8 +91,15 @@ def test_tar_create_and_extract(d: Path, tmp_path: Path) -> None:
 def test_git_init_add_commit_fsck(d: Path) -> None:
     if shutil.which("git") is None:
         pytest.skip("git not installed")
-    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@x", GIT_COMMITTER_NAME="t",
-               GIT_COMMITTER_EMAIL="t@x", HOME=str(d), GIT_CONFIG_NOSYSTEM="1")
+    env = dict(
+        os.environ,
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@x",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@x",
+        HOME=str(d),
+        GIT_CONFIG_NOSYSTEM="1",
+    )
     repo = d / "repo"
     _run("git", "init", "-q", "--template=", str(repo), env=env)
     for i in range(4):
@@ -133,14 +142,33 @@ def test_fio_verify(d: Path) -> None:
     if shutil.which("fio") is None:
         pytest.skip("fio not installed")
     r = _run(
-        "fio", "--name=verify", f"--directory={d}", "--rw=randwrite", "--bs=16k", "--size=2m",
-        "--ioengine=psync", "--verify=crc32c", "--verify_fatal=1", "--do_verify=1", "--numjobs=2",
-        "--group_reporting", "--randseed=6",
+        "fio",
+        "--name=verify",
+        f"--directory={d}",
+        "--rw=randwrite",
+        "--bs=16k",
+        "--size=2m",
+        "--ioengine=psync",
+        "--verify=crc32c",
+        "--verify_fatal=1",
+        "--do_verify=1",
+        "--numjobs=2",
+        "--group_reporting",
+        "--randseed=6",
     )
     assert "err= 0" in r.stdout
     r = _run(
-        "fio", "--name=seqverify", f"--directory={d}", "--rw=write", "--bs=1m", "--size=6m",
-        "--ioengine=psync", "--verify=crc32c", "--verify_fatal=1", "--do_verify=1", "--end_fsync=1",
+        "fio",
+        "--name=seqverify",
+        f"--directory={d}",
+        "--rw=write",
+        "--bs=1m",
+        "--size=6m",
+        "--ioengine=psync",
+        "--verify=crc32c",
+        "--verify_fatal=1",
+        "--do_verify=1",
+        "--end_fsync=1",
     )
     assert "err= 0" in r.stdout
 

@@ -37,7 +37,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def run_cli(*args: str, timeout: float = 150.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "fs3.cli.main", "cluster", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
     )
 
 
@@ -110,10 +113,20 @@ def test_cli_up_status_kill_restart_down_cycle(cluster_dir: Path) -> None:
     assert s["leader"] in {"mgmtd-1", "mgmtd-2"}
     assert s["cluster_file"] == str(d / "fs3.cluster") and s["mount"] is None
     names = [p["name"] for p in s["processes"]]
-    assert names == ["mgmtd-1", "mgmtd-2", "meta-1", "meta-2", "storage-1", "storage-2", "storage-3"]
+    assert names == [
+        "mgmtd-1",
+        "mgmtd-2",
+        "meta-1",
+        "meta-2",
+        "storage-1",
+        "storage-2",
+        "storage-3",
+    ]
     assert all(p["alive"] and p["pid"] > 0 for p in s["processes"])
     assert sorted(t["id"] for t in s["targets"]) == [101, 102, 201, 202, 301, 302]
-    assert all(t["state"] == "serving" and t["node"] == f"storage-{t['id'] // 100}" for t in s["targets"])
+    assert all(
+        t["state"] == "serving" and t["node"] == f"storage-{t['id'] // 100}" for t in s["targets"]
+    )
     assert len(s["chains"]) == 2 and all(len(c["targets"]) == 3 for c in s["chains"])
     for c in s["chains"]:  # a chain never holds two targets of one node
         assert len({t // 100 for t in c["targets"]}) == 3
@@ -130,12 +143,15 @@ def test_cli_up_status_kill_restart_down_cycle(cluster_dir: Path) -> None:
     k = run_cli("kill", "--dir", str(d), "storage-2")
     assert k.returncode == 0, k.stderr
     s = _wait_status(
-        d, lambda s: all(t["state"] != "serving" for t in s["targets"] if t["node"] == "storage-2"),
-        30, "storage-2's targets to leave service",
+        d,
+        lambda s: all(t["state"] != "serving" for t in s["targets"] if t["node"] == "storage-2"),
+        30,
+        "storage-2's targets to leave service",
     )
     assert [p["alive"] for p in s["processes"] if p["name"] == "storage-2"] == [False]
     assert not os.path.exists(f"/proc/{pids['storage-2']}") or not is_alive(
-        next(r for r in recorded(d) if r.name == "storage-2"))
+        next(r for r in recorded(d) if r.name == "storage-2")
+    )
     dead = run_cli("kill", "--dir", str(d), "storage-2")
     assert dead.returncode == 1 and "not running" in dead.stderr
     unknown = run_cli("kill", "--dir", str(d), "storage-9")
@@ -144,7 +160,12 @@ def test_cli_up_status_kill_restart_down_cycle(cluster_dir: Path) -> None:
     # restart: same config, back to serving after resync
     rs = run_cli("restart", "--dir", str(d), "storage-2")
     assert rs.returncode == 0, rs.stderr
-    _wait_status(d, lambda s: all(t["state"] == "serving" for t in s["targets"]), 60, "every target serving again")
+    _wait_status(
+        d,
+        lambda s: all(t["state"] == "serving" for t in s["targets"]),
+        60,
+        "every target serving again",
+    )
 
     # down stops exactly the recorded processes; a second down is a no-op
     all_pids = [r.pid for r in recorded(d)]
@@ -162,7 +183,10 @@ def test_cli_up_status_kill_restart_down_cycle(cluster_dir: Path) -> None:
     # up again on the same DIR restarts from its data; --wipe removes it all
     up2 = run_cli("up", "--dir", str(d))
     assert up2.returncode == 0, up2.stdout + up2.stderr
-    assert "restarting the existing cluster" in up2.stdout and (d / "fs3.cluster").read_text().strip() == cf
+    assert (
+        "restarting the existing cluster" in up2.stdout
+        and (d / "fs3.cluster").read_text().strip() == cf
+    )
     wipe = run_cli("down", "--dir", str(d), "--wipe")
     assert wipe.returncode == 0, wipe.stderr
     assert_nothing_running(d)
@@ -179,8 +203,21 @@ def test_ports_in_use_are_refused_before_anything_starts(cluster_dir: Path) -> N
         blocker.listen()
         port = blocker.getsockname()[1]
         # the blocked port is the metrics port of mgmtd-1 (BASE+1) when BASE = port - 1
-        r = run_cli("up", "--dir", str(cluster_dir), "--base-port", str(port - 1), "--meta", "1",
-                    "--storage-nodes", "1", "--replicas", "1", "--mgmtd", "1")
+        r = run_cli(
+            "up",
+            "--dir",
+            str(cluster_dir),
+            "--base-port",
+            str(port - 1),
+            "--meta",
+            "1",
+            "--storage-nodes",
+            "1",
+            "--replicas",
+            "1",
+            "--mgmtd",
+            "1",
+        )
     assert r.returncode == 1
     assert f"port 127.0.0.1:{port}" in r.stderr and "in use" in r.stderr and "mgmtd-1" in r.stderr
     assert all(rec.pid == 0 for rec in recorded(cluster_dir)), "nothing may have been started"
@@ -188,21 +225,38 @@ def test_ports_in_use_are_refused_before_anything_starts(cluster_dir: Path) -> N
 
 
 @pytest.mark.timeout(90)
-def test_a_process_that_dies_at_start_is_named_with_its_log_and_everything_stops(cluster_dir: Path) -> None:
+def test_a_process_that_dies_at_start_is_named_with_its_log_and_everything_stops(
+    cluster_dir: Path,
+) -> None:
     need_services()
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", 0))
         blocker.listen()
         port = blocker.getsockname()[1]
         # mgmtd-2 cannot serve its metrics on a taken port: fs3.service exits with status 2
-        r = run_cli("up", "--dir", str(cluster_dir), "--meta", "1", "--storage-nodes", "1", "--replicas", "1",
-                    "--set", f"mgmtd.metrics.port={port}", "--timeout", "60")
+        r = run_cli(
+            "up",
+            "--dir",
+            str(cluster_dir),
+            "--meta",
+            "1",
+            "--storage-nodes",
+            "1",
+            "--replicas",
+            "1",
+            "--set",
+            f"mgmtd.metrics.port={port}",
+            "--timeout",
+            "60",
+        )
     assert r.returncode == 1, r.stdout
     assert "mgmtd-" in r.stderr and "exited with exit code 2" in r.stderr
     assert "last lines of the log" in r.stderr and f"port {port}" in r.stderr
     assert "stopped everything that was started" in r.stdout
     assert_nothing_running(cluster_dir)
-    assert any(rec.pid for rec in recorded(cluster_dir)), "processes had been started (and were stopped)"
+    assert any(rec.pid for rec in recorded(cluster_dir)), (
+        "processes had been started (and were stopped)"
+    )
 
 
 @pytest.mark.timeout(30)
@@ -215,14 +269,18 @@ def test_a_process_that_dies_at_start_is_named_with_its_log_and_everything_stops
         (["--set", "oops"], "expected ROLE.SECTION.KEY=VALUE"),
     ],
 )
-def test_bad_options_fail_before_anything_starts(cluster_dir: Path, args: list[str], message: str) -> None:
+def test_bad_options_fail_before_anything_starts(
+    cluster_dir: Path, args: list[str], message: str
+) -> None:
     r = run_cli("up", "--dir", str(cluster_dir), *args)
     assert r.returncode == 1 and message in r.stderr, r.stderr
     assert all(rec.pid == 0 for rec in recorded(cluster_dir))
 
 
 @pytest.mark.timeout(30)
-def test_missing_fuse_device_or_fusermount_is_refused(cluster_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_fuse_device_or_fusermount_is_refused(
+    cluster_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     lc = LocalCluster(cluster_dir, out=lambda s: None)
     monkeypatch.setattr(launcher, "FUSE_DEVICE", str(cluster_dir.parent / "no-such-fuse-device"))
     with pytest.raises(LauncherError, match="--mount needs .*no-such-fuse-device"):
@@ -255,7 +313,9 @@ def stale_mount(tmp_path: Path) -> Iterator[str]:
         pytest.skip("needs /dev/fuse and fusermount3")
     mnt = tmp_path / "stale"
     mnt.mkdir()
-    p = subprocess.Popen([sys.executable, "-c", STALE_FUSE, str(mnt)], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", STALE_FUSE, str(mnt)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert p.stdout is not None and p.stdout.readline().strip() == "mounted"
         deadline = time.monotonic() + 10
@@ -288,9 +348,21 @@ def test_a_stale_mount_is_detected_and_cleared(tmp_path: Path, stale_mount: str)
 def test_down_clears_a_stale_mount_of_a_half_dead_cluster(tmp_path: Path, stale_mount: str) -> None:
     d = tmp_path / "c"
     d.mkdir()
-    st = launcher.ClusterState(cluster_id="local-test", spec=launcher.ClusterSpec(), processes=[
-        launcher.ProcRecord(name="fuse", role="fuse", command=["fs3-gone"], log=str(d / "fuse.log"), pid=2**22 + 7),
-    ], cluster_file=str(d / "fs3.cluster"), mountpoint=stale_mount)
+    st = launcher.ClusterState(
+        cluster_id="local-test",
+        spec=launcher.ClusterSpec(),
+        processes=[
+            launcher.ProcRecord(
+                name="fuse",
+                role="fuse",
+                command=["fs3-gone"],
+                log=str(d / "fuse.log"),
+                pid=2**22 + 7,
+            ),
+        ],
+        cluster_file=str(d / "fs3.cluster"),
+        mountpoint=stale_mount,
+    )
     (d / "state.json").write_text(json.dumps(st.to_json()))
     r = run_cli("down", "--dir", str(d))
     assert r.returncode == 0, r.stderr
@@ -303,15 +375,28 @@ def test_a_reused_pid_is_never_signalled() -> None:
     """down/kill check /proc/<pid>/cmdline and start time: an unrelated process with the pid survives."""
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        fake = launcher.ProcRecord(name="storage-1", role="storage",
-                                   command=[sys.executable, "-m", "fs3.cli.main", "storage"], log="/dev/null", pid=p.pid)
+        fake = launcher.ProcRecord(
+            name="storage-1",
+            role="storage",
+            command=[sys.executable, "-m", "fs3.cli.main", "storage"],
+            log="/dev/null",
+            pid=p.pid,
+        )
         assert not is_alive(fake)
         launcher.stop_processes([fake], 0.5)
         assert p.poll() is None, "an unrelated process was killed"
-        real = launcher.ProcRecord(name="x", role="storage", command=[sys.executable, "-c", "import time; time.sleep(60)"],
-                                   log="/dev/null", pid=p.pid, start_ticks=launcher._proc_stat(p.pid)[1])  # type: ignore[index]
+        real = launcher.ProcRecord(
+            name="x",
+            role="storage",
+            command=[sys.executable, "-c", "import time; time.sleep(60)"],
+            log="/dev/null",
+            pid=p.pid,
+            start_ticks=launcher._proc_stat(p.pid)[1],
+        )  # type: ignore[index]
         assert is_alive(real)
-        real_wrong_start = launcher.ProcRecord(**{**real.__dict__, "start_ticks": real.start_ticks + 1})
+        real_wrong_start = launcher.ProcRecord(
+            **{**real.__dict__, "start_ticks": real.start_ticks + 1}
+        )
         assert not is_alive(real_wrong_start)
     finally:
         p.kill()
@@ -325,7 +410,13 @@ def test_a_reused_pid_is_never_signalled() -> None:
 def test_process_cluster_harness(tmp_path: Path) -> None:
     need_services()
     c = ProcessCluster(
-        tmp_path / "pc", storage_nodes=2, targets_per_node=1, replicas=2, meta=1, mgmtd=1, start_timeout_s=60
+        tmp_path / "pc",
+        storage_nodes=2,
+        targets_per_node=1,
+        replicas=2,
+        meta=1,
+        mgmtd=1,
+        start_timeout_s=60,
     )
     with c:
         assert c.names == ["mgmtd-1", "meta-1", "storage-1", "storage-2"]
@@ -337,7 +428,9 @@ def test_process_cluster_harness(tmp_path: Path) -> None:
         pid = c.pid("storage-2")
         c.kill("storage-2")
         assert not c.alive("storage-2")
-        c.wait_for(lambda s: ProcessCluster.target_states(s)[201] != "serving", 30, "201 out of service")
+        c.wait_for(
+            lambda s: ProcessCluster.target_states(s)[201] != "serving", 30, "201 out of service"
+        )
         c.restart("storage-2")
         assert c.alive("storage-2") and c.pid("storage-2") != pid
         c.wait_serving(60)
@@ -348,9 +441,13 @@ def test_process_cluster_harness(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_process_cluster_keeps_its_logs_when_the_test_fails(capsys: pytest.CaptureFixture[str]) -> None:
+def test_process_cluster_keeps_its_logs_when_the_test_fails(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     need_services()
-    c = ProcessCluster(storage_nodes=1, targets_per_node=1, replicas=1, meta=1, mgmtd=1, start_timeout_s=60)
+    c = ProcessCluster(
+        storage_nodes=1, targets_per_node=1, replicas=1, meta=1, mgmtd=1, start_timeout_s=60
+    )
     with pytest.raises(RuntimeError, match="boom"), c:
         raise RuntimeError("boom")
     try:
@@ -359,7 +456,9 @@ def test_process_cluster_keeps_its_logs_when_the_test_fails(capsys: pytest.Captu
         assert not any(is_alive(r) for r in recorded(c.dir))
     finally:
         shutil.rmtree(c.dir, ignore_errors=True)
-    ok = ProcessCluster(storage_nodes=1, targets_per_node=1, replicas=1, meta=1, mgmtd=1, start_timeout_s=60)
+    ok = ProcessCluster(
+        storage_nodes=1, targets_per_node=1, replicas=1, meta=1, mgmtd=1, start_timeout_s=60
+    )
     with ok:
         pass
     assert not ok.dir.exists(), "a temp dir of a clean run is removed"
@@ -384,7 +483,9 @@ def test_end_to_end_mount_write_read_and_clean_down(cluster_dir: Path, tmp_path:
     assert f"mount point  : {mnt}" in r.stdout
     assert mount_state(str(mnt)) == "mounted"
     s = _status(cluster_dir)
-    assert s["mount"] == str(mnt) and [p["alive"] for p in s["processes"] if p["name"] == "fuse"] == [True]
+    assert s["mount"] == str(mnt) and [
+        p["alive"] for p in s["processes"] if p["name"] == "fuse"
+    ] == [True]
 
     rng = random.Random(7)
     through_mount = rng.randbytes(3 * (1 << 20) + 123)

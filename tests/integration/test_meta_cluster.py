@@ -56,8 +56,10 @@ def worker(addresses: list[str], tag: str, n: int, seed: int) -> int:
                     raise
                 time.sleep(0.01)  # same request id: applied once whichever server answers
 
-    dirs = {d: rpc("Lookup", meta_pb2.LookupRequest(user=user, parent=1, name=d.encode())).attr.inode
-            for d in SHARED_DIRS}
+    dirs = {
+        d: rpc("Lookup", meta_pb2.LookupRequest(user=user, parent=1, name=d.encode())).attr.inode
+        for d in SHARED_DIRS
+    }
     # expected namespace of this worker: dir name -> set of entry names
     have: dict[str, set[str]] = {d: set() for d in SHARED_DIRS}
     serial = 0
@@ -70,28 +72,64 @@ def worker(addresses: list[str], tag: str, n: int, seed: int) -> int:
             d = rng.choice(SHARED_DIRS)
             name = f"{tag}-{serial}"
             if rng.random() < 0.8:
-                r = rpc("Create", meta_pb2.CreateRequest(user=user, request_id=rid, parent=dirs[d],
-                                                         name=name.encode(), mode=0o644,
-                                                         flags=os.O_RDWR | os.O_EXCL, client_id=tag))
-                rpc("Close", meta_pb2.CloseRequest(user=user, request_id=uuid.uuid4().hex, inode=r.attr.inode,
-                                                   session_id=r.session_id))
+                r = rpc(
+                    "Create",
+                    meta_pb2.CreateRequest(
+                        user=user,
+                        request_id=rid,
+                        parent=dirs[d],
+                        name=name.encode(),
+                        mode=0o644,
+                        flags=os.O_RDWR | os.O_EXCL,
+                        client_id=tag,
+                    ),
+                )
+                rpc(
+                    "Close",
+                    meta_pb2.CloseRequest(
+                        user=user,
+                        request_id=uuid.uuid4().hex,
+                        inode=r.attr.inode,
+                        session_id=r.session_id,
+                    ),
+                )
             else:
-                rpc("Mkdir", meta_pb2.MkdirRequest(user=user, request_id=rid, parent=dirs[d],
-                                                   name=name.encode(), mode=0o755))
+                rpc(
+                    "Mkdir",
+                    meta_pb2.MkdirRequest(
+                        user=user, request_id=rid, parent=dirs[d], name=name.encode(), mode=0o755
+                    ),
+                )
             have[d].add(name)
         elif p < 0.75:
             d, name = rng.choice(own)
             nd = rng.choice(SHARED_DIRS)
             new = f"{tag}-{serial}"
-            rpc("Rename", meta_pb2.RenameRequest(user=user, request_id=rid, parent=dirs[d], name=name.encode(),
-                                                 new_parent=dirs[nd], new_name=new.encode()))
+            rpc(
+                "Rename",
+                meta_pb2.RenameRequest(
+                    user=user,
+                    request_id=rid,
+                    parent=dirs[d],
+                    name=name.encode(),
+                    new_parent=dirs[nd],
+                    new_name=new.encode(),
+                ),
+            )
             have[d].discard(name)
             have[nd].add(new)
         else:
             d, name = rng.choice(own)
-            a = rpc("Lookup", meta_pb2.LookupRequest(user=user, parent=dirs[d], name=name.encode())).attr
+            a = rpc(
+                "Lookup", meta_pb2.LookupRequest(user=user, parent=dirs[d], name=name.encode())
+            ).attr
             method = "Rmdir" if a.mode & 0o040000 else "Unlink"
-            rpc(method, meta_pb2.RemoveRequest(user=user, request_id=rid, parent=dirs[d], name=name.encode()))
+            rpc(
+                method,
+                meta_pb2.RemoveRequest(
+                    user=user, request_id=rid, parent=dirs[d], name=name.encode()
+                ),
+            )
             have[d].discard(name)
     print(json.dumps({d: sorted(v) for d, v in have.items()}), flush=True)
     return 0
@@ -106,8 +144,12 @@ def _start_meta(tmp: Path, idx: int, db_path: Path) -> tuple[subprocess.Popen[st
         f'[node]\nid = {100 + idx}\nhost = "127.0.0.1"\nport = 0\n'
         f'[kv]\nurl = "sqlite://{db_path}"\n[log]\nlevel = "WARNING"\nfile = "{tmp}/meta{idx}.log"\n'
     )
-    proc = subprocess.Popen([sys.executable, "-m", "fs3.cli.main", "meta", "--config", str(cfg)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fs3.cli.main", "meta", "--config", str(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()  # blocks until the server prints its address (or exits)
     if "listening on" not in line:
@@ -151,14 +193,31 @@ def test_two_meta_servers_concurrent_clients(two_metas: tuple[list[str], Path]) 
     user = common_pb2.UserInfo(uid=0, gid=0)
     stub = meta_pb2_grpc.MetaServiceStub(sync_channel(addrs[0]))  # type: ignore[no-untyped-call]
     for d in SHARED_DIRS:
-        call_sync(stub.Mkdir, meta_pb2.MkdirRequest(user=user, request_id=uuid.uuid4().hex, parent=1,
-                                                    name=d.encode(), mode=0o755))
+        call_sync(
+            stub.Mkdir,
+            meta_pb2.MkdirRequest(
+                user=user, request_id=uuid.uuid4().hex, parent=1, name=d.encode(), mode=0o755
+            ),
+        )
     workers = []
     for k in range(4):
         order = addrs if k % 2 == 0 else addrs[::-1]
-        workers.append(subprocess.Popen(
-            [sys.executable, str(HERE), "worker", ",".join(order), f"w{k}", "60", str(1000 + k)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        workers.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(HERE),
+                    "worker",
+                    ",".join(order),
+                    f"w{k}",
+                    "60",
+                    str(1000 + k),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     expected: dict[str, set[str]] = {d: set() for d in SHARED_DIRS}
     try:
         for w in workers:
@@ -175,17 +234,24 @@ def test_two_meta_servers_concurrent_clients(two_metas: tuple[list[str], Path]) 
     # the servers' view, read over gRPC through the *other* server, page by page
     stub2 = meta_pb2_grpc.MetaServiceStub(sync_channel(addrs[1]))  # type: ignore[no-untyped-call]
     for d in SHARED_DIRS:
-        ino = call_sync(stub2.Lookup, meta_pb2.LookupRequest(user=user, parent=1, name=d.encode())).attr.inode
+        ino = call_sync(
+            stub2.Lookup, meta_pb2.LookupRequest(user=user, parent=1, name=d.encode())
+        ).attr.inode
         names: list[str] = []
         cursor = b""
         while True:
-            r = call_sync(stub2.ReadDir, meta_pb2.ReadDirRequest(user=user, inode=ino, cursor=cursor, limit=16))
+            r = call_sync(
+                stub2.ReadDir,
+                meta_pb2.ReadDirRequest(user=user, inode=ino, cursor=cursor, limit=16),
+            )
             names.extend(e.name.decode() for e in r.entries)
             if not r.more:
                 break
             cursor = r.entries[-1].name
         assert len(names) == len(set(names)), f"duplicated entries in {d}"
-        assert set(names) == expected[d], f"{d}: lost {expected[d] - set(names)} extra {set(names) - expected[d]}"
+        assert set(names) == expected[d], (
+            f"{d}: lost {expected[d] - set(names)} extra {set(names) - expected[d]}"
+        )
 
     # errors cross the wire as fs3 errors: POSIX errno, INVALID_ARGUMENT, and the server survives
     from fs3.errors import Code, FsError

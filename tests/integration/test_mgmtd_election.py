@@ -76,7 +76,7 @@ id = "{CLUSTER}"
 url = "sqlite://{self.db}"
 [log]
 level = "INFO"
-file = "{tmp / f'mgmtd-{i + 1}.log'}"
+file = "{tmp / f"mgmtd-{i + 1}.log"}"
 [mgmtd]
 lease_length_s = {LEASE_S}
 lease_renew_interval_s = {RENEW_S}
@@ -92,7 +92,14 @@ check_interval_s = 0.2
         for i in ids:
             assert i not in self.procs or self.procs[i].poll() is not None
             self.procs[i] = subprocess.Popen(
-                [sys.executable, "-m", "fs3.cli.main", "mgmtd", "--config", str(self.tmp / f"mgmtd-{i + 1}.toml")],
+                [
+                    sys.executable,
+                    "-m",
+                    "fs3.cli.main",
+                    "mgmtd",
+                    "--config",
+                    str(self.tmp / f"mgmtd-{i + 1}.toml"),
+                ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
             )
@@ -137,7 +144,9 @@ check_interval_s = 0.2
         ch = sync_channel(self.addresses[i])
         try:
             stub = mgmtd_pb2_grpc.MgmtdServiceStub(ch)
-            return call_sync(stub.GetRoutingInfo, pb.GetRoutingInfoRequest(), timeout=timeout).routing
+            return call_sync(
+                stub.GetRoutingInfo, pb.GetRoutingInfoRequest(), timeout=timeout
+            ).routing
         finally:
             ch.close()
 
@@ -182,7 +191,12 @@ async def _register_storage(m: MgmtdProcs) -> pb.CreateChainTableResponse:
                     type=pb.NODE_TYPE_STORAGE,
                     address=f"127.0.0.1:{30000 + i}",
                     name=f"storage-{i}",
-                    targets=[pb.LocalTargetReport(target_id=i * 100 + j, local_state=pb.LOCAL_STATE_ONLINE) for j in (1, 2)],
+                    targets=[
+                        pb.LocalTargetReport(
+                            target_id=i * 100 + j, local_state=pb.LOCAL_STATE_ONLINE
+                        )
+                        for j in (1, 2)
+                    ],
                 )
             )
         return await c.create_chain_table(1, 3, desc="itest")
@@ -230,13 +244,17 @@ def test_kill_9_leader_another_takes_over_and_the_old_one_follows(procs: MgmtdPr
     assert polled <= LEASE_S + RENEW_S + 3.0, f"leader visible only after {polled:.2f}s"
     after = wait_until(lambda: _try_routing(procs, new), 5, "routing from the new leader")
     assert after.version > before.version
-    assert [c.SerializeToString() for c in after.chains] == [c.SerializeToString() for c in before.chains]
+    assert [c.SerializeToString() for c in after.chains] == [
+        c.SerializeToString() for c in before.chains
+    ]
     # the old leader comes back and follows
     procs.start(leader)
     # A just-started mgmtd answers before it has read the lease (address ""); wait
     # until it knows the leader, then it must name the new one and not lead itself.
     r = wait_until(
-        lambda: (g := procs.get_leader(leader)) is not None and bool(g.address or g.is_leader) and g,
+        lambda: (
+            (g := procs.get_leader(leader)) is not None and bool(g.address or g.is_leader) and g
+        ),
         10,
         "restarted mgmtd knows the leader",
     )
@@ -283,7 +301,9 @@ def test_paused_leader_stops_acting_before_anyone_else_leads(procs: MgmtdProcs) 
         assert len(procs.leaders()) <= 1
     assert procs.leaders() == [new]
     # it notices by itself and says why (trust window closed / lease held by another)
-    wait_until(lambda: "lease lost" in procs.log(leader), 5, "the paused leader to log 'lease lost'")
+    wait_until(
+        lambda: "lease lost" in procs.log(leader), 5, "the paused leader to log 'lease lost'"
+    )
 
 
 @pytest.mark.timeout(60)
@@ -295,9 +315,7 @@ def test_restart_of_every_mgmtd_loses_nothing(procs: MgmtdProcs) -> None:
         # leader has declared them offline (chains updated in the same tick), so
         # nothing changes between this snapshot and the shutdown
         r = _try_routing(procs, leader)
-        if r is None or any(
-            n.status != pb.NODE_STATUS_OFFLINE for n in Routing(r).storage_nodes()
-        ):
+        if r is None or any(n.status != pb.NODE_STATUS_OFFLINE for n in Routing(r).storage_nodes()):
             return None
         return r
 
@@ -321,12 +339,22 @@ def test_admin_cli(procs: MgmtdProcs, capsys: pytest.CaptureFixture[str]) -> Non
     procs.wait_leader()
     # once as a real command line ...
     r = subprocess.run(
-        [sys.executable, "-m", "fs3.cli.main", "admin", "--cluster", str(procs.cluster_file), "nodes"],
+        [
+            sys.executable,
+            "-m",
+            "fs3.cli.main",
+            "admin",
+            "--cluster",
+            str(procs.cluster_file),
+            "nodes",
+        ],
         capture_output=True,
         text=True,
         timeout=30,
     )
-    assert r.returncode == 0 and "storage-1" in r.stdout and "mgmtd-1" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "storage-1" in r.stdout and "mgmtd-1" in r.stdout, (
+        r.stdout + r.stderr
+    )
 
     # ... the rest in-process (same main(), without paying interpreter start-up each time)
     from fs3.cli import admin as admin_cli

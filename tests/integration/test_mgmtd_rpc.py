@@ -100,7 +100,9 @@ def test_client_follows_redirects_watch_and_failover(tmp_path: Path) -> None:
     async def main() -> None:
         async with two_mgmtds(tmp_path) as m:
             # follower first: every call must be redirected to mgmtd-1
-            client = MgmtdClient([m.addresses[1], m.addresses[0]], CLUSTER, timeout_s=1, retry_deadline_s=15)
+            client = MgmtdClient(
+                [m.addresses[1], m.addresses[0]], CLUSTER, timeout_s=1, retry_deadline_s=15
+            )
             try:
                 leader = await client.get_leader()
                 assert leader.address == m.addresses[0]
@@ -125,7 +127,9 @@ def test_client_follows_redirects_watch_and_failover(tmp_path: Path) -> None:
                 table = await client.create_chain_table(1, 3)
                 assert len(table.chains) == 1
                 v_done = (await client.get_routing(0)).version  # type: ignore[union-attr]
-                r = await watcher.wait_for(lambda r: r.version >= v_done and r.has_chain(1), timeout_s=5)
+                r = await watcher.wait_for(
+                    lambda r: r.version >= v_done and r.has_chain(1), timeout_s=5
+                )
                 assert r.table(1).chain_ids == [table.chains[0].chain_id]
                 # the watch stream saw every version from the first one on, in order
                 await _until(lambda: bool(seen) and seen[-1] >= v_done, 5)
@@ -158,8 +162,14 @@ def test_client_follows_redirects_watch_and_failover(tmp_path: Path) -> None:
 
                 # heartbeats with automatic versions keep working across the failover
                 hb = await client.heartbeat(
-                    pb.HeartbeatRequest(node_id=10001, type=pb.NODE_TYPE_STORAGE, address="127.0.0.1:40001",
-                                        targets=[pb.LocalTargetReport(target_id=101, local_state=pb.LOCAL_STATE_UPTODATE)])
+                    pb.HeartbeatRequest(
+                        node_id=10001,
+                        type=pb.NODE_TYPE_STORAGE,
+                        address="127.0.0.1:40001",
+                        targets=[
+                            pb.LocalTargetReport(target_id=101, local_state=pb.LOCAL_STATE_UPTODATE)
+                        ],
+                    )
                 )
                 assert hb.routing_version >= r2.version
                 wtask.cancel()
@@ -176,7 +186,9 @@ def test_client_follows_redirects_watch_and_failover(tmp_path: Path) -> None:
 def test_client_gives_up_after_its_deadline_when_nobody_answers() -> None:
     async def main() -> None:
         port = free_port()
-        async with MgmtdClient([f"127.0.0.1:{port}"], CLUSTER, timeout_s=0.2, retry_deadline_s=1.0) as c:
+        async with MgmtdClient(
+            [f"127.0.0.1:{port}"], CLUSTER, timeout_s=0.2, retry_deadline_s=1.0
+        ) as c:
             loop = asyncio.get_running_loop()
             t0 = loop.time()
             with pytest.raises(FsError) as ei:

@@ -27,11 +27,23 @@ from fs3.testing.storage_cluster import InProcessCluster
 CS = 64 << 10  # small chunks keep the tests fast
 
 
-def run(tmp_path: Path, body: Callable[[InProcessCluster, DirectStorageClient], Awaitable[None]], *,
-        nodes: int = 3, replicas: int = 3, transport: str = "grpc", forward_retry_s: float = 20.0) -> None:
+def run(
+    tmp_path: Path,
+    body: Callable[[InProcessCluster, DirectStorageClient], Awaitable[None]],
+    *,
+    nodes: int = 3,
+    replicas: int = 3,
+    transport: str = "grpc",
+    forward_retry_s: float = 20.0,
+) -> None:
     async def main() -> None:
-        c = InProcessCluster(tmp_path, nodes=nodes, replicas=replicas, transport=transport,
-                             forward_retry_s=forward_retry_s)
+        c = InProcessCluster(
+            tmp_path,
+            nodes=nodes,
+            replicas=replicas,
+            transport=transport,
+            forward_retry_s=forward_retry_s,
+        )
         cl: DirectStorageClient | None = None
         try:
             await c.start()
@@ -52,16 +64,22 @@ def corrupt(path: Path, offset: int) -> None:
         f.write(b"\xff\x00\xff")
 
 
-async def replica_metas(c: InProcessCluster, cl: DirectStorageClient, chain: int) -> dict[int, list[tuple]]:
+async def replica_metas(
+    c: InProcessCluster, cl: DirectStorageClient, chain: int
+) -> dict[int, list[tuple]]:
     r = await cl.refresh()
     out = {}
     for tid in r.chain_targets(chain):
         metas = await cl.list_chunks(tid)
-        out[tid] = [(m.chunk.inode, m.chunk.index, m.commit_ver, m.length, m.checksum) for m in metas]
+        out[tid] = [
+            (m.chunk.inode, m.chunk.index, m.commit_ver, m.length, m.checksum) for m in metas
+        ]
     return out
 
 
-async def assert_replicas_equal(c: InProcessCluster, cl: DirectStorageClient, chain: int) -> list[tuple]:
+async def assert_replicas_equal(
+    c: InProcessCluster, cl: DirectStorageClient, chain: int
+) -> list[tuple]:
     metas = await replica_metas(c, cl, chain)
     vals = list(metas.values())
     assert all(v == vals[0] for v in vals), metas
@@ -139,8 +157,13 @@ def test_refusals_change_nothing(tmp_path: Path) -> None:
         def io(**kw: object) -> storage_pb2.UpdateIO:
             payload = kw.pop("payload", b"evil!")
             x = storage_pb2.UpdateIO(
-                chain_id=chain, chain_version=r.chain_version(chain), type=storage_pb2.UPDATE_WRITE, offset=0,
-                length=len(payload), chunk_size=CS, checksum=crc32c(payload),  # type: ignore[arg-type]
+                chain_id=chain,
+                chain_version=r.chain_version(chain),
+                type=storage_pb2.UPDATE_WRITE,
+                offset=0,
+                length=len(payload),
+                chunk_size=CS,
+                checksum=crc32c(payload),  # type: ignore[arg-type]
             )
             x.chunk.inode, x.chunk.index = 9, 0
             x.data.inline = payload  # type: ignore[assignment]
@@ -217,21 +240,29 @@ def test_retry_with_same_tag_applies_once(tmp_path: Path) -> None:
         node = r.node_of_target(head)
         payload = b"once"
         io = storage_pb2.UpdateIO(
-            chain_id=chain, chain_version=r.chain_version(chain), type=storage_pb2.UPDATE_WRITE, offset=0,
-            length=4, chunk_size=CS, checksum=crc32c(payload),
+            chain_id=chain,
+            chain_version=r.chain_version(chain),
+            type=storage_pb2.UPDATE_WRITE,
+            offset=0,
+            length=4,
+            chunk_size=CS,
+            checksum=crc32c(payload),
         )
         io.chunk.inode, io.chunk.index = 11, 0
         io.data.inline = payload
         tag = storage_pb2.UpdateTag(client_id="retrier", request_id=1, channel_id=7, seqnum=100)
         req = storage_pb2.WriteRequest(io=io, tag=tag)
         a, b = await asyncio.gather(
-            call(cl.stub(node.address).Write, req, timeout=5), call(cl.stub(node.address).Write, req, timeout=5)
+            call(cl.stub(node.address).Write, req, timeout=5),
+            call(cl.stub(node.address).Write, req, timeout=5),
         )
         again = await call(cl.stub(node.address).Write, req, timeout=5)
         assert a.result.commit_ver == b.result.commit_ver == again.result.commit_ver == 1
         tag.seqnum = 99  # older than the cached one
         with pytest.raises(FsError) as ei:
-            await call(cl.stub(node.address).Write, storage_pb2.WriteRequest(io=io, tag=tag), timeout=5)
+            await call(
+                cl.stub(node.address).Write, storage_pb2.WriteRequest(io=io, tag=tag), timeout=5
+            )
         assert ei.value.code == Code.STALE_UPDATE
         assert (await cl.read(chain, 11, 0, 0, 10))[1].commit_ver == 1
 
@@ -248,7 +279,9 @@ def test_truncate_remove_and_query_last_chunk(tmp_path: Path) -> None:
         assert (q.found, q.last_index, q.last_length, q.total_chunks) == (True, 5, 1005, 6)
         await cl.update(chain, 21, 2, type=storage_pb2.UPDATE_TRUNCATE, length=10, chunk_size=CS)
         await cl.update(chain, 21, 1, type=storage_pb2.UPDATE_EXTEND, length=5000, chunk_size=CS)
-        await cl.update(chain, 21, 1, type=storage_pb2.UPDATE_EXTEND, length=10, chunk_size=CS)  # never shrinks
+        await cl.update(
+            chain, 21, 1, type=storage_pb2.UPDATE_EXTEND, length=10, chunk_size=CS
+        )  # never shrinks
         data, _ = await cl.read(chain, 21, 1, 0, CS)
         assert bytes(data) == b"z" * 1001 + bytes(3999)
         assert len((await cl.read(chain, 21, 2, 0, CS))[0]) == 10
@@ -261,17 +294,24 @@ def test_truncate_remove_and_query_last_chunk(tmp_path: Path) -> None:
         # the batch TruncateChunks RPC (what meta uses for truncate) on the head
         r = cl.routing
         head_node = r.node_of_target(r.chain_targets(chain)[0])
-        op = storage_pb2.TruncateChunkOp(chain_id=chain, chain_version=r.chain_version(chain), length=7,
-                                         chunk_size=CS)
+        op = storage_pb2.TruncateChunkOp(
+            chain_id=chain, chain_version=r.chain_version(chain), length=7, chunk_size=CS
+        )
         op.chunk.inode, op.chunk.index = 21, 0
-        bad = storage_pb2.TruncateChunkOp(chain_id=chain, chain_version=r.chain_version(chain), length=CS + 1,
-                                          chunk_size=CS)
+        bad = storage_pb2.TruncateChunkOp(
+            chain_id=chain, chain_version=r.chain_version(chain), length=CS + 1, chunk_size=CS
+        )
         bad.chunk.inode, bad.chunk.index = 21, 1
-        tr = await call(cl.stub(head_node.address).TruncateChunks,
-                        storage_pb2.TruncateChunksRequest(ops=[op, bad]), timeout=5)
+        tr = await call(
+            cl.stub(head_node.address).TruncateChunks,
+            storage_pb2.TruncateChunksRequest(ops=[op, bad]),
+            timeout=5,
+        )
         assert tr.results[0].error.code == 0 and tr.results[0].result.chunk_length == 7
         assert tr.results[1].error.code == Code.INVALID_ARGUMENT
-        sp = await call(cl.stub(head_node.address).SpaceInfo, storage_pb2.SpaceInfoRequest(), timeout=5)
+        sp = await call(
+            cl.stub(head_node.address).SpaceInfo, storage_pb2.SpaceInfoRequest(), timeout=5
+        )
         assert sp.targets[0].chunk_count == 3 and sp.targets[0].used_bytes == 7 + 5000 + 10
         assert sp.targets[0].capacity_bytes >= sp.targets[0].free_bytes > 0
         assert await cl.remove_chunks(chain, 21) == 3
@@ -319,7 +359,9 @@ def test_writes_continue_with_replicas_down(tmp_path: Path) -> None:
             res = await cl.write(chain, 50, 0, 0, bytes([65 + k + 1]) * 100, chunk_size=CS)
             assert res.commit_ver == k + 2
             r = await cl.refresh()
-            assert [t for t in r.serving_targets(chain)] == [x for x in order if x not in order[1 : k + 2]]
+            assert [t for t in r.serving_targets(chain)] == [
+                x for x in order if x not in order[1 : k + 2]
+            ]
         data, rr = await cl.read(chain, 50, 0, 0, CS)
         assert bytes(data) == b"C" * 100 and rr.commit_ver == 3
 
@@ -341,7 +383,9 @@ def test_recovery_resyncs_a_returning_replica(tmp_path: Path, transport: str) ->
             while not stop.is_set():
                 idx = rng.randrange(24)
                 off = rng.randrange(0, CS - 4096)
-                await cl.write(chain, 60, idx, off, rng.randbytes(rng.randrange(1, 4096)), chunk_size=CS)
+                await cl.write(
+                    chain, 60, idx, off, rng.randbytes(rng.randrange(1, 4096)), chunk_size=CS
+                )
                 writes += 1
                 progress.set()
                 if rng.random() < 0.05:
@@ -369,8 +413,10 @@ def test_recovery_resyncs_a_returning_replica(tmp_path: Path, transport: str) ->
         assert len(metas) > 5
         # and byte-identical content on every replica
         for m in metas:
-            blobs = {bytes((await cl.read(chain, 60, m[1], 0, CS, target_id=t))[0])
-                     for t in cl.routing.chain_targets(chain)}
+            blobs = {
+                bytes((await cl.read(chain, 60, m[1], 0, CS, target_id=t))[0])
+                for t in cl.routing.chain_targets(chain)
+            }
             assert len(blobs) == 1
 
     run(tmp_path, body, transport=transport)

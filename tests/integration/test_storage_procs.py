@@ -63,10 +63,14 @@ def test_kill9_storage_process_then_resync(cluster: procs.MiniCluster) -> None:
         print(f"{time.monotonic() - t0:7.2f}s {what}", flush=True)
 
     async def main() -> None:
-        admin = MgmtdClient.from_cluster_file(str(cluster.cluster_file), timeout_s=2.0, retry_deadline_s=20.0)
+        admin = MgmtdClient.from_cluster_file(
+            str(cluster.cluster_file), timeout_s=2.0, retry_deadline_s=20.0
+        )
         cl = DirectStorageClient(admin, "tcp", retry_deadline_s=30.0)
         try:
-            await _wait(admin, lambda r: all(r.has_target(t) for t in (101, 201, 301)), 20, "registration")
+            await _wait(
+                admin, lambda r: all(r.has_target(t) for t in (101, 201, 301)), 20, "registration"
+            )
             mark("registered")
             await admin.create_chain_table(1, 3)
             r = await _wait(admin, _all_serving, 20, "all serving")
@@ -83,7 +87,9 @@ def test_kill9_storage_process_then_resync(cluster: procs.MiniCluster) -> None:
                 while not stop.is_set():
                     idx = rng.randrange(16)
                     off = rng.randrange(0, CS - 8192)
-                    await cl.write(chain, 77, idx, off, rng.randbytes(rng.randrange(1, 8192)), chunk_size=CS)
+                    await cl.write(
+                        chain, 77, idx, off, rng.randbytes(rng.randrange(1, 8192)), chunk_size=CS
+                    )
                     written.add(idx)
                     writes += 1
                     progress.set()
@@ -100,7 +106,9 @@ def test_kill9_storage_process_then_resync(cluster: procs.MiniCluster) -> None:
             victim = r.chain_targets(chain)[1]
             cluster.kill(f"storage-{victim // 100}")
             mark("killed")
-            await _wait(admin, lambda r: r.target_state(chain, victim) != SERVING, 20, "victim offline")
+            await _wait(
+                admin, lambda r: r.target_state(chain, victim) != SERVING, 20, "victim offline"
+            )
             mark("victim offline")
             await until(writes + 30)
             mark(f"{writes} writes")
@@ -118,9 +126,13 @@ def test_kill9_storage_process_then_resync(cluster: procs.MiniCluster) -> None:
                 ms = await cl.list_chunks(tid)
                 metas[tid] = [(m.chunk.index, m.commit_ver, m.length, m.checksum) for m in ms]
             vals = list(metas.values())
-            assert [m[0] for m in vals[0]] == sorted(written) and all(v == vals[0] for v in vals), metas
+            assert [m[0] for m in vals[0]] == sorted(written) and all(v == vals[0] for v in vals), (
+                metas
+            )
             for idx, *_ in vals[0]:
-                blobs = {bytes((await cl.read(chain, 77, idx, 0, CS, target_id=t))[0]) for t in metas}
+                blobs = {
+                    bytes((await cl.read(chain, 77, idx, 0, CS, target_id=t))[0]) for t in metas
+                }
                 assert len(blobs) == 1
         finally:
             await cl.close()

@@ -17,16 +17,41 @@ from fs3.cli import bench
 def test_bench_json_on_temp_dir(tmp_path: Path) -> None:
     out = io.StringIO()
     with redirect_stdout(out):
-        rc = bench.main([
-            str(tmp_path), "--big-file-size", "2M", "--block-size", "256K", "--small-files", "30",
-            "--small-file-size", "4K", "--small-fsync", "--threads", "2", "--rand-read-seconds", "0.2",
-            "--no-drop-caches", "--json", "--quiet",
-        ])
+        rc = bench.main(
+            [
+                str(tmp_path),
+                "--big-file-size",
+                "2M",
+                "--block-size",
+                "256K",
+                "--small-files",
+                "30",
+                "--small-file-size",
+                "4K",
+                "--small-fsync",
+                "--threads",
+                "2",
+                "--rand-read-seconds",
+                "0.2",
+                "--no-drop-caches",
+                "--json",
+                "--quiet",
+            ]
+        )
     assert rc == 0
     res = json.loads(out.getvalue())
     ph = res["phases"]
-    assert list(ph) == ["big_write", "big_read", "rand_read", "small_write", "small_write_fsync", "small_read",
-                        "stat", "readdir", "unlink"]
+    assert list(ph) == [
+        "big_write",
+        "big_read",
+        "rand_read",
+        "small_write",
+        "small_write_fsync",
+        "small_read",
+        "stat",
+        "readdir",
+        "unlink",
+    ]
     assert ph["big_write"]["bytes"] == ph["big_read"]["bytes"] == 2 * (2 << 20)
     assert ph["big_write"]["ops"] == ph["big_read"]["ops"] == 2 * 8
     assert ph["small_read"]["bytes"] == 30 * 4096
@@ -41,8 +66,21 @@ def test_bench_json_on_temp_dir(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(30)
 def test_bench_table_and_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench.main([str(tmp_path), "--big-file-size", "0", "--small-files", "5", "--small-file-size", "0",
-                       "--quiet"]) == 0
+    assert (
+        bench.main(
+            [
+                str(tmp_path),
+                "--big-file-size",
+                "0",
+                "--small-files",
+                "5",
+                "--small-file-size",
+                "0",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "Stat file" in text and "Unlink file" in text and "Read big file" not in text
     assert bench.main([str(tmp_path / "missing")]) == 2

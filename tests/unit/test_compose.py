@@ -87,7 +87,9 @@ def compose_problems(data: dict[str, Any]) -> list[str]:
             continue
         sub = argv[1] if len(argv) > 1 else ""
         if sub not in COMMANDS:
-            problems.append(f"{name}: `fs3 {sub}` is not an fs3 command (known: {', '.join(COMMANDS)})")
+            problems.append(
+                f"{name}: `fs3 {sub}` is not an fs3 command (known: {', '.join(COMMANDS)})"
+            )
             continue
         cls = ROLE_CLASS[sub]
         env = env_of(svc)
@@ -100,7 +102,9 @@ def compose_problems(data: dict[str, Any]) -> list[str]:
             if not path.startswith("/etc/fs3/") or not template.exists():
                 problems.append(f"{name}: config {path} is not one of deploy/*.toml")
             elif f"deploy/{template.name}" not in dockerfile:
-                problems.append(f"{name}: deploy/Dockerfile does not copy deploy/{template.name} to /etc/fs3/")
+                problems.append(
+                    f"{name}: deploy/Dockerfile does not copy deploy/{template.name} to /etc/fs3/"
+                )
             else:
                 try:
                     cfg = config.load(cls, template, env=env)
@@ -110,7 +114,9 @@ def compose_problems(data: dict[str, Any]) -> list[str]:
                 node = getattr(cfg, "node", None)
                 if node is not None:
                     if node.id in node_ids:
-                        problems.append(f"{name}: node id {node.id} is also used by {node_ids[node.id]}")
+                        problems.append(
+                            f"{name}: node id {node.id} is also used by {node_ids[node.id]}"
+                        )
                     node_ids[node.id] = name
                     if node.host != name and svc.get("hostname") != node.host:
                         problems.append(f"{name}: advertises host {node.host!r}, not its own name")
@@ -123,15 +129,21 @@ def compose_problems(data: dict[str, Any]) -> list[str]:
                     i = cfg.node.id - 10000
                     want = [i * 100 + j for j in range(1, len(st.targets) + 1)]
                     if not st.targets or st.target_ids != want:
-                        problems.append(f"{name}: target ids {st.target_ids} should be {want} (storage-i -> i*100+j)")
+                        problems.append(
+                            f"{name}: target ids {st.target_ids} should be {want} (storage-i -> i*100+j)"
+                        )
                     vols = [str(v).split(":")[1] for v in svc.get("volumes", []) if ":" in str(v)]
                     if not any(t.startswith(v) for v in vols for t in st.targets):
                         problems.append(f"{name}: its targets {st.targets} are not on a volume")
     cf = config.read_cluster_file(ROOT / "deploy" / "compose.cluster")
     if set(cf.mgmtd_addresses) != mgmtd_addrs:
-        problems.append(f"deploy/compose.cluster lists {sorted(cf.mgmtd_addresses)}, mgmtd services are {sorted(mgmtd_addrs)}")
+        problems.append(
+            f"deploy/compose.cluster lists {sorted(cf.mgmtd_addresses)}, mgmtd services are {sorted(mgmtd_addrs)}"
+        )
     if cluster_ids and cluster_ids != {cf.cluster_id}:
-        problems.append(f"cluster ids {sorted(cluster_ids)} differ from deploy/compose.cluster's {cf.cluster_id!r}")
+        problems.append(
+            f"cluster ids {sorted(cluster_ids)} differ from deploy/compose.cluster's {cf.cluster_id!r}"
+        )
     return problems
 
 
@@ -144,7 +156,11 @@ def test_compose_parses_and_has_the_required_services() -> None:
     assert sum(r == "meta" for r in roles.values()) == 2
     assert sum(r == "storage" for r in roles.values()) == 3
     assert sum(r == "mount" for r in roles.values()) == 1
-    fdb = [s for s in services.values() if str(s.get("image", "")).startswith("foundationdb/foundationdb:")]
+    fdb = [
+        s
+        for s in services.values()
+        if str(s.get("image", "")).startswith("foundationdb/foundationdb:")
+    ]
     assert len(fdb) == 2, "an FDB server and a one-shot init from the official image"
     init = next(s for s in fdb if "configure new single ssd" in str(s.get("command")))
     assert init.get("restart") == "no"
@@ -169,7 +185,13 @@ def test_docker_compose_config_accepts_the_file() -> None:
     exe = shutil.which("docker-compose")
     if exe is None:
         pytest.skip("docker-compose is not installed (scripts/install.sh installs it)")
-    r = subprocess.run([exe, "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True, timeout=50, cwd=ROOT)
+    r = subprocess.run(
+        [exe, "-f", str(COMPOSE), "config", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -182,12 +204,38 @@ def test_commands_and_config_keys_match_fs3() -> None:
 @pytest.mark.parametrize(
     "mutate, expect",
     [
-        (lambda d: d["services"]["storage1"]["environment"].__setitem__("FS3_STORAGE_NO_SUCH_KEY", "1"), "FS3_STORAGE_NO_SUCH_KEY"),
-        (lambda d: d["services"]["meta1"].__setitem__("command", ["fs3", "metadata", "--config", "/etc/fs3/meta.toml"]), "metadata"),
-        (lambda d: d["services"]["mgmtd2"]["environment"].__setitem__("FS3_NODE_PORT", "8001"), "compose.cluster"),
-        (lambda d: d["services"]["storage2"]["environment"].__setitem__("FS3_STORAGE_TARGET_IDS", "101,102"), "should be [201, 202]"),
-        (lambda d: d["services"]["storage3"]["environment"].__setitem__("FS3_NODE_ID", "10002"), "node id"),
-        (lambda d: d["services"]["mgmtd1"]["environment"].__setitem__("FS3_MGMTD_LEASE_LENGTH_S", "-5"), "lease_length_s"),
+        (
+            lambda d: d["services"]["storage1"]["environment"].__setitem__(
+                "FS3_STORAGE_NO_SUCH_KEY", "1"
+            ),
+            "FS3_STORAGE_NO_SUCH_KEY",
+        ),
+        (
+            lambda d: d["services"]["meta1"].__setitem__(
+                "command", ["fs3", "metadata", "--config", "/etc/fs3/meta.toml"]
+            ),
+            "metadata",
+        ),
+        (
+            lambda d: d["services"]["mgmtd2"]["environment"].__setitem__("FS3_NODE_PORT", "8001"),
+            "compose.cluster",
+        ),
+        (
+            lambda d: d["services"]["storage2"]["environment"].__setitem__(
+                "FS3_STORAGE_TARGET_IDS", "101,102"
+            ),
+            "should be [201, 202]",
+        ),
+        (
+            lambda d: d["services"]["storage3"]["environment"].__setitem__("FS3_NODE_ID", "10002"),
+            "node id",
+        ),
+        (
+            lambda d: d["services"]["mgmtd1"]["environment"].__setitem__(
+                "FS3_MGMTD_LEASE_LENGTH_S", "-5"
+            ),
+            "lease_length_s",
+        ),
     ],
 )
 def test_drift_is_detected(mutate: Any, expect: str) -> None:
@@ -223,13 +271,23 @@ def test_every_fs3_command_accepts_its_options(name: str, argv: list[str]) -> No
     help_argv += [a for a in positional if a in subcmds]
     r = subprocess.run(
         [sys.executable, "-m", "fs3.cli.main", *help_argv, "--help"],
-        capture_output=True, text=True, timeout=50, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=50,
+        cwd=ROOT,
     )
-    assert r.returncode == 0, f"{name}: `fs3 {' '.join(help_argv)} --help` failed: {r.stderr[-2000:]}"
+    assert r.returncode == 0, (
+        f"{name}: `fs3 {' '.join(help_argv)} --help` failed: {r.stderr[-2000:]}"
+    )
     options = [a for a in argv[2:] if a.startswith("--")]
     if argv[1] == "admin":  # global options of admin are on its top-level help
-        top = subprocess.run([sys.executable, "-m", "fs3.cli.main", "admin", "--help"],
-                             capture_output=True, text=True, timeout=50, cwd=ROOT).stdout
+        top = subprocess.run(
+            [sys.executable, "-m", "fs3.cli.main", "admin", "--help"],
+            capture_output=True,
+            text=True,
+            timeout=50,
+            cwd=ROOT,
+        ).stdout
         r_out = r.stdout + top
     else:
         r_out = r.stdout

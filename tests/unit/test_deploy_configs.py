@@ -27,7 +27,12 @@ def test_deploy_templates_are_current() -> None:
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize(
     "name, cls",
-    [("mgmtd", config.MgmtdConfig), ("meta", config.MetaConfig), ("storage", config.StorageConfig), ("client", config.ClientConfig)],
+    [
+        ("mgmtd", config.MgmtdConfig),
+        ("meta", config.MetaConfig),
+        ("storage", config.StorageConfig),
+        ("client", config.ClientConfig),
+    ],
 )
 def test_template_loads_and_lists_every_key_with_a_comment(name: str, cls: type) -> None:
     path = ROOT / "deploy" / f"{name}.toml"
@@ -43,4 +48,6 @@ def test_template_loads_and_lists_every_key_with_a_comment(name: str, cls: type)
     for sec in cfg.__dataclass_fields__:
         for key in getattr(cfg, sec).__dataclass_fields__:
             line = lines.get((sec, key))
-            assert line is not None and "  # " in line, f"[{sec}] {key} missing or without a comment"
+            assert line is not None and "  # " in line, (
+                f"[{sec}] {key} missing or without a comment"
+            )

@@ -57,7 +57,9 @@ def test_transport_failures_become_retryable_unavailable() -> None:
 
 def test_config_defaults_env_overrides_and_validation(tmp_path) -> None:
     p = tmp_path / "m.toml"
-    p.write_text('[mgmtd]\nlease_length_s = 6\nlease_renew_interval_s = 1\nlease_safety_margin_s = 2\n')
+    p.write_text(
+        "[mgmtd]\nlease_length_s = 6\nlease_renew_interval_s = 1\nlease_safety_margin_s = 2\n"
+    )
     cfg = config.load(config.MgmtdConfig, p, env={"FS3_KV_URL": "memory://", "FS3_NODE_ID": "7"})
     assert cfg.mgmtd.lease_length_s == 6.0 and cfg.kv.url == "memory://" and cfg.node.id == 7
     assert cfg.mgmtd.heartbeat_timeout_s == 60.0  # default kept

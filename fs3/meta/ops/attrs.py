@@ -56,7 +56,9 @@ def access(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.AccessRequest) -> common_pb2.E
         raise posix(errno.EINVAL, f"bad access mask {req.mask:#o}")
     node = tx.must(req.inode, snapshot=True)
     if req.mask:
-        perms.check(node.attr, ctx.user, req.mask, f"access {req.mask:#o} denied on inode {node.ino}")
+        perms.check(
+            node.attr, ctx.user, req.mask, f"access {req.mask:#o} denied on inode {node.ino}"
+        )
     return common_pb2.Empty()
 
 

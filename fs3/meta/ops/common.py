@@ -43,7 +43,9 @@ class OpCtx:
         return self.new_ino
 
 
-def touch(attr: meta_pb2.Attr, now_ns: int, *, mtime: bool = True, ctime: bool = True, atime: bool = False) -> None:
+def touch(
+    attr: meta_pb2.Attr, now_ns: int, *, mtime: bool = True, ctime: bool = True, atime: bool = False
+) -> None:
     ts = S.timespec(now_ns)
     if mtime:
         attr.mtime.CopyFrom(ts)
@@ -96,7 +98,12 @@ def new_node(
             perm |= stat.S_ISGID
     else:
         gid = ctx.user.gid
-    if ftype != stat.S_IFDIR and perm & stat.S_ISGID and not perms.is_root(ctx.user) and not perms.in_group(ctx.user, gid):
+    if (
+        ftype != stat.S_IFDIR
+        and perm & stat.S_ISGID
+        and not perms.is_root(ctx.user)
+        and not perms.in_group(ctx.user, gid)
+    ):
         perm &= ~stat.S_ISGID
     ino = ctx.take_ino()
     attr = meta_pb2.Attr(inode=ino, mode=ftype | perm, uid=uid, gid=gid, rdev=rdev)
@@ -104,8 +111,13 @@ def new_node(
     if ftype == stat.S_IFDIR:
         attr.nlink = 2
         attr.parent = parent.ino
-        attr.layout.CopyFrom(meta_pb2.Layout(
-            chunk_size=pa.layout.chunk_size, stripe=pa.layout.stripe, table_id=pa.layout.table_id))
+        attr.layout.CopyFrom(
+            meta_pb2.Layout(
+                chunk_size=pa.layout.chunk_size,
+                stripe=pa.layout.stripe,
+                table_id=pa.layout.table_id,
+            )
+        )
         pa.nlink += 1
     else:
         attr.nlink = 1
@@ -138,8 +150,12 @@ def release(tx: MetaTxn, ctx: OpCtx, node: Inode) -> bool:
         return False
     if S.is_reg(a) and a.layout.chain_ids:
         due = ctx.now_ns + int(ctx.cfg.gc_delay_s * 1e9)
-        tx.enqueue_gc(due, meta_pb2.GcEntry(
-            inode=node.ino, layout=a.layout, length=a.size, removed_at=ctx.now_ns / 1e9))
+        tx.enqueue_gc(
+            due,
+            meta_pb2.GcEntry(
+                inode=node.ino, layout=a.layout, length=a.size, removed_at=ctx.now_ns / 1e9
+            ),
+        )
     tx.delete_inode(node.ino)
     return True
 

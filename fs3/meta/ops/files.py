@@ -31,8 +31,15 @@ MAX_CHUNK_INDEX = (1 << 32) - 1
 
 F = meta_pb2  # SetAttrField values live on the module
 _SETATTR_ALL = (
-    F.SETATTR_MODE | F.SETATTR_UID | F.SETATTR_GID | F.SETATTR_SIZE | F.SETATTR_ATIME
-    | F.SETATTR_MTIME | F.SETATTR_ATIME_NOW | F.SETATTR_MTIME_NOW | F.SETATTR_CTIME
+    F.SETATTR_MODE
+    | F.SETATTR_UID
+    | F.SETATTR_GID
+    | F.SETATTR_SIZE
+    | F.SETATTR_ATIME
+    | F.SETATTR_MTIME
+    | F.SETATTR_ATIME_NOW
+    | F.SETATTR_MTIME_NOW
+    | F.SETATTR_CTIME
 )
 
 
@@ -67,13 +74,20 @@ def _truncate(node: Inode, ctx: OpCtx, size: int) -> tuple[bool, int]:
     return size < old, old
 
 
-def _open_session(tx: MetaTxn, ctx: OpCtx, node: Inode, flags: int, client_id: str, request_id: str) -> str:
+def _open_session(
+    tx: MetaTxn, ctx: OpCtx, node: Inode, flags: int, client_id: str, request_id: str
+) -> str:
     if not S.is_reg(node.attr):
         return ""
     sid = request_id or uuid.uuid4().hex
     write = (flags & os.O_ACCMODE) != os.O_RDONLY
-    tx.put_session(node.ino, sid, meta_pb2.SessionRecord(
-        client_id=client_id, flags=flags, opened_at=ctx.now_ns / 1e9, write=write))
+    tx.put_session(
+        node.ino,
+        sid,
+        meta_pb2.SessionRecord(
+            client_id=client_id, flags=flags, opened_at=ctx.now_ns / 1e9, write=write
+        ),
+    )
     return sid
 
 
@@ -122,7 +136,9 @@ def create(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.CreateRequest) -> meta_pb2.Ope
         raise posix(errno.EINVAL, "create makes regular files only")
     parent = search_dir(tx, ctx, req.parent)
     if req.name in (b".", b".."):
-        raise posix(errno.EEXIST if req.flags & os.O_EXCL else errno.EISDIR, "'.' and '..' are directories")
+        raise posix(
+            errno.EEXIST if req.flags & os.O_EXCL else errno.EISDIR, "'.' and '..' are directories"
+        )
     check_new_name(req.name)
     entry = tx.get_entry(parent.ino, req.name)
     if entry is not None:
@@ -179,8 +195,14 @@ def close(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.CloseRequest) -> meta_pb2.AttrR
     node = tx.must(req.inode)
     sess = _session(tx, node.ino, req.session_id)
     if sess.write:
-        _apply_report(node, ctx, req.has_length_hint, req.length_hint, req.truncate_version,
-                      req.mtime if req.HasField("mtime") else None)
+        _apply_report(
+            node,
+            ctx,
+            req.has_length_hint,
+            req.length_hint,
+            req.truncate_version,
+            req.mtime if req.HasField("mtime") else None,
+        )
     elif req.has_length_hint and req.length_hint > node.attr.size:
         raise posix(errno.EBADF, "length report on a read-only session")
     tx.clear_session(node.ino, req.session_id)
@@ -201,14 +223,18 @@ def sync(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.SyncRequest) -> meta_pb2.AttrRes
         sess = _session(tx, node.ino, req.session_id)
         if not sess.write:
             raise posix(errno.EBADF, "length/mtime report on a read-only session")
-        if _apply_report(node, ctx, req.has_length_hint, req.length_hint, req.truncate_version, mtime):
+        if _apply_report(
+            node, ctx, req.has_length_hint, req.length_hint, req.truncate_version, mtime
+        ):
             tx.put_inode(node)
             return meta_pb2.AttrResponse(attr=S.public_attr(node.attr))
     ctx.changed = False  # nothing new: a retry may simply run again
     return meta_pb2.AttrResponse(attr=S.public_attr(node.attr))
 
 
-def _is_kill_priv(tx: MetaTxn, node: Inode, req: meta_pb2.SetAttrRequest, user: common_pb2.UserInfo) -> bool:
+def _is_kill_priv(
+    tx: MetaTxn, node: Inode, req: meta_pb2.SetAttrRequest, user: common_pb2.UserInfo
+) -> bool:
     """A non-owner writer's setattr that only drops S_ISUID/S_ISGID.
 
     The kernel sends it (as the writing user) before a write or truncate by a
@@ -257,7 +283,11 @@ def setattr(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.SetAttrRequest) -> meta_pb2.S
     if valid & (F.SETATTR_UID | F.SETATTR_GID) and not root:
         if valid & F.SETATTR_UID and (req.uid != a.uid or user.uid != a.uid):
             raise posix(errno.EPERM, "only root may change the owner")
-        if valid & F.SETATTR_GID and req.gid != a.gid and (user.uid != a.uid or not perms.in_group(user, req.gid)):
+        if (
+            valid & F.SETATTR_GID
+            and req.gid != a.gid
+            and (user.uid != a.uid or not perms.in_group(user, req.gid))
+        ):
             raise posix(errno.EPERM, "the owner may change the group only to one of its groups")
         if valid & F.SETATTR_GID and user.uid != a.uid:
             raise posix(errno.EPERM, "only the owner or root may change the group")

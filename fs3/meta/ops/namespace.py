@@ -235,7 +235,9 @@ def rename(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.RenameRequest) -> meta_pb2.Ren
     if flags & RENAME_EXCHANGE:
         assert d is not None
         if d_dir and moving:
-            perms.check(d.attr, ctx.user, perms.W, "moving a directory needs write permission on it")
+            perms.check(
+                d.attr, ctx.user, perms.W, "moving a directory needs write permission on it"
+            )
         if s_dir and moving:
             _check_not_ancestor(tx, s.ino, dp.ino)
         if d_dir and moving:
@@ -259,9 +261,13 @@ def rename(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.RenameRequest) -> meta_pb2.Ren
 
     if d is not None:
         if s_dir and not d_dir:
-            raise posix(errno.ENOTDIR, f"cannot replace non-directory {req.new_name!r} with a directory")
+            raise posix(
+                errno.ENOTDIR, f"cannot replace non-directory {req.new_name!r} with a directory"
+            )
         if not s_dir and d_dir:
-            raise posix(errno.EISDIR, f"cannot replace directory {req.new_name!r} with a non-directory")
+            raise posix(
+                errno.EISDIR, f"cannot replace directory {req.new_name!r} with a non-directory"
+            )
         if d_dir and not tx.dir_is_empty(d.ino):
             raise posix(errno.ENOTEMPTY, f"directory {req.new_name!r} is not empty")
     if s_dir and moving:
@@ -283,4 +289,3 @@ def rename(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.RenameRequest) -> meta_pb2.Ren
     tx.put_inode(s)
     _touch_parents(tx, ctx, sp, dp, nlink_changed=(s_dir and moving) or d_dir)
     return meta_pb2.RenameResponse(inode=s.ino, replaced_inode=d.ino if d is not None else 0)
-

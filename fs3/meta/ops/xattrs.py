@@ -37,10 +37,14 @@ def _check_access(ctx: OpCtx, node: Inode, name: bytes, write: bool) -> None:
     user = ctx.user
     if name.startswith(b"user."):
         if not (S.is_reg(a) or S.is_dir(a)):
-            raise posix(errno.EPERM if write else errno.ENODATA, "user xattrs only on files and directories")
+            raise posix(
+                errno.EPERM if write else errno.ENODATA, "user xattrs only on files and directories"
+            )
         if write and S.is_dir(a) and a.mode & 0o1000 and not perms.is_owner_or_root(a, user):
             raise posix(errno.EPERM, "user xattrs of a sticky directory: owner only")
-        perms.check(a, user, perms.W if write else perms.R, f"xattr access denied on inode {node.ino}")
+        perms.check(
+            a, user, perms.W if write else perms.R, f"xattr access denied on inode {node.ino}"
+        )
     elif name.startswith(b"trusted."):
         if not perms.is_root(user):
             raise posix(errno.EPERM, "trusted xattrs are root's")
@@ -63,7 +67,9 @@ def getxattr(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.GetXattrRequest) -> meta_pb2
     return meta_pb2.GetXattrResponse(value=value)
 
 
-def listxattr(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.ListXattrRequest) -> meta_pb2.ListXattrResponse:
+def listxattr(
+    ctx: OpCtx, tx: MetaTxn, req: meta_pb2.ListXattrRequest
+) -> meta_pb2.ListXattrResponse:
     if req.inode == 0:
         raise posix(errno.EINVAL, "inode is required")
     node = tx.must(req.inode, snapshot=True)
@@ -80,7 +86,9 @@ def setxattr(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.SetXattrRequest) -> common_p
         raise posix(errno.EINVAL, f"bad setxattr flags {req.flags:#x}")
     _check_name(req.name)
     if len(req.value) > S.XATTR_VALUE_MAX:
-        raise posix(errno.E2BIG, f"xattr value of {len(req.value)} bytes exceeds {S.XATTR_VALUE_MAX}")
+        raise posix(
+            errno.E2BIG, f"xattr value of {len(req.value)} bytes exceeds {S.XATTR_VALUE_MAX}"
+        )
     node = tx.must(req.inode)
     _check_access(ctx, node, req.name, write=True)
     exists = tx.get_xattr(node.ino, req.name) is not None

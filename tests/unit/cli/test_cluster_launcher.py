@@ -14,8 +14,14 @@ from fs3.cli.cluster import ClusterSpec, LauncherError, LocalCluster
 
 @pytest.mark.timeout(10)
 def test_parse_set_reads_toml_values_and_refuses_malformed_items() -> None:
-    got = launcher.parse_set(["storage.storage.fsync=false", "mgmtd.mgmtd.lease_length_s=3",
-                              "meta.log.level=DEBUG", "storage.storage.targets=['/a', '/b']"])
+    got = launcher.parse_set(
+        [
+            "storage.storage.fsync=false",
+            "mgmtd.mgmtd.lease_length_s=3",
+            "meta.log.level=DEBUG",
+            "storage.storage.targets=['/a', '/b']",
+        ]
+    )
     assert got == {
         "storage": {"storage": {"fsync": False, "targets": ["/a", "/b"]}},
         "mgmtd": {"mgmtd": {"lease_length_s": 3}},
@@ -48,11 +54,18 @@ def test_spec_validation(spec: ClusterSpec, message: str) -> None:
 @pytest.mark.timeout(10)
 def test_layout_names_node_ids_ports_and_configs(tmp_path: Path) -> None:
     lc = LocalCluster(tmp_path, out=lambda s: None)
-    spec = ClusterSpec(storage_nodes=3, targets_per_node=2, meta=2, mgmtd=2, transport="tcp", base_port=20000)
+    spec = ClusterSpec(
+        storage_nodes=3, targets_per_node=2, meta=2, mgmtd=2, transport="tcp", base_port=20000
+    )
     st, cf = lc._layout(spec, "local-test")
     assert [(p.name, p.node_id) for p in st.processes] == [
-        ("mgmtd-1", 1), ("mgmtd-2", 2), ("meta-1", 101), ("meta-2", 102),
-        ("storage-1", 10001), ("storage-2", 10002), ("storage-3", 10003),
+        ("mgmtd-1", 1),
+        ("mgmtd-2", 2),
+        ("meta-1", 101),
+        ("meta-2", 102),
+        ("storage-1", 10001),
+        ("storage-2", 10002),
+        ("storage-3", 10003),
     ]
     ports = [port for p in st.processes for port in p.ports]
     assert ports == list(range(20000, 20000 + len(ports))), "distinct, consecutive from --base-port"
@@ -61,7 +74,10 @@ def test_layout_names_node_ids_ports_and_configs(tmp_path: Path) -> None:
     s2 = config.load(config.StorageConfig, tmp_path / "conf" / "storage-2.toml", env={})
     assert s2.node.id == 10002 and s2.node.port == st.proc("storage-2").ports[0]
     assert s2.storage.target_ids == [201, 202]
-    assert s2.storage.targets == [str(tmp_path / "data" / "storage-2" / "t1"), str(tmp_path / "data" / "storage-2" / "t2")]
+    assert s2.storage.targets == [
+        str(tmp_path / "data" / "storage-2" / "t1"),
+        str(tmp_path / "data" / "storage-2" / "t2"),
+    ]
     assert all(Path(t).is_dir() for t in s2.storage.targets)
     assert s2.transport.kind == "tcp" and s2.transport.tcp_port == st.proc("storage-2").ports[2]
     m1 = config.load(config.MgmtdConfig, tmp_path / "conf" / "mgmtd-1.toml", env={})
@@ -71,12 +87,18 @@ def test_layout_names_node_ids_ports_and_configs(tmp_path: Path) -> None:
     assert meta.kv.url == m1.kv.url, "mgmtd and meta share one KV"
     if hasattr(meta.node, "name"):
         assert meta.node.name == "meta-2"
-    assert st.proc("meta-1").command[-3:] == ["meta", "--config", str(tmp_path / "conf" / "meta-1.toml")]
+    assert st.proc("meta-1").command[-3:] == [
+        "meta",
+        "--config",
+        str(tmp_path / "conf" / "meta-1.toml"),
+    ]
 
 
 @pytest.mark.timeout(10)
 def test_render_config_applies_overrides_and_refuses_bad_values(tmp_path: Path) -> None:
-    text = launcher.render_config("storage", {"storage": {"fsync": False}}, {"storage": {"no_such": 1}}, "x.toml")
+    text = launcher.render_config(
+        "storage", {"storage": {"fsync": False}}, {"storage": {"no_such": 1}}, "x.toml"
+    )
     data = tomllib.loads(text.split("\n", 1)[1])
     assert data["storage"]["fsync"] is False and "no_such" not in data["storage"]
     with pytest.raises(LauncherError, match="no key \\[storage\\] no_such"):
@@ -87,7 +109,9 @@ def test_render_config_applies_overrides_and_refuses_bad_values(tmp_path: Path) 
 
 @pytest.mark.timeout(10)
 def test_mountinfo_unescaping_and_absent_mount(tmp_path: Path) -> None:
-    assert launcher._unescape_mountinfo(r"/mnt/with\040space\011tab") == "/mnt/with space\ttab"
+    from fs3 import mounts
+
+    assert mounts._unescape(r"/mnt/with\040space\011tab") == "/mnt/with space\ttab"
     assert launcher.mount_fstype(str(tmp_path)) is None
     assert launcher.mount_state(str(tmp_path / "missing")) == "absent"
     assert launcher.mount_fstype("/proc") == "proc"
@@ -105,13 +129,39 @@ def test_log_tail_shows_only_the_last_start(tmp_path: Path) -> None:
 @pytest.mark.timeout(10)
 def test_render_status_table() -> None:
     s = {
-        "cluster_id": "local-x", "dir": "/d", "cluster_file": "/d/fs3.cluster", "leader": "mgmtd-1",
-        "routing_version": 7, "mount": None, "mount_state": None, "errors": [],
-        "processes": [{"name": "storage-1", "role": "storage", "pid": 5, "alive": False, "address": "127.0.0.1:1", "node_id": 10001}],
+        "cluster_id": "local-x",
+        "dir": "/d",
+        "cluster_file": "/d/fs3.cluster",
+        "leader": "mgmtd-1",
+        "routing_version": 7,
+        "mount": None,
+        "mount_state": None,
+        "errors": [],
+        "processes": [
+            {
+                "name": "storage-1",
+                "role": "storage",
+                "pid": 5,
+                "alive": False,
+                "address": "127.0.0.1:1",
+                "node_id": 10001,
+            }
+        ],
         "nodes": [{"name": "storage-1", "status": "offline"}],
-        "targets": [{"id": 101, "node": "storage-1", "state": "offline", "local_state": "offline", "chain": 1,
-                     "used_bytes": 2048, "free_bytes": 3 << 30}],
-        "chains": [{"id": 1, "version": 2, "targets": [201, 101], "states": ["serving", "offline"]}],
+        "targets": [
+            {
+                "id": 101,
+                "node": "storage-1",
+                "state": "offline",
+                "local_state": "offline",
+                "chain": 1,
+                "used_bytes": 2048,
+                "free_bytes": 3 << 30,
+            }
+        ],
+        "chains": [
+            {"id": 1, "version": 2, "targets": [201, 101], "states": ["serving", "offline"]}
+        ],
     }
     out = launcher.render_status(s)
     assert "leader: mgmtd-1" in out and "storage-1  storage  5    NO" in out

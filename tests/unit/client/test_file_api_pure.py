@@ -61,12 +61,28 @@ def test_raw_mode_matches_fileio(mode: str, tmp_path) -> None:
 
 def test_stat_result_fields() -> None:
     a = meta_pb2.Attr(
-        inode=42, mode=stat.S_IFREG | 0o640, nlink=2, uid=7, gid=8, size=12345, blocks=25, blksize=1 << 20,
-        atime=common_pb2.Timespec(sec=10, nsec=5), mtime=common_pb2.Timespec(sec=20, nsec=999_999_999),
-        ctime=common_pb2.Timespec(sec=30, nsec=0), rdev=0,
+        inode=42,
+        mode=stat.S_IFREG | 0o640,
+        nlink=2,
+        uid=7,
+        gid=8,
+        size=12345,
+        blocks=25,
+        blksize=1 << 20,
+        atime=common_pb2.Timespec(sec=10, nsec=5),
+        mtime=common_pb2.Timespec(sec=20, nsec=999_999_999),
+        ctime=common_pb2.Timespec(sec=30, nsec=0),
+        rdev=0,
     )
     s = _stat_result(a)
-    assert (s.st_mode, s.st_ino, s.st_nlink, s.st_uid, s.st_gid, s.st_size) == (a.mode, 42, 2, 7, 8, 12345)
+    assert (s.st_mode, s.st_ino, s.st_nlink, s.st_uid, s.st_gid, s.st_size) == (
+        a.mode,
+        42,
+        2,
+        7,
+        8,
+        12345,
+    )
     assert s.st_atime_ns == 10_000_000_005 and s.st_mtime_ns == 20_999_999_999
     assert s[stat.ST_MTIME] == 20 and s.st_ctime == 30.0
     assert s.st_blksize == 1 << 20 and s.st_blocks == 25

@@ -23,7 +23,9 @@ class FakeNode:
         self.fail = fail
         self.short = short
 
-    async def send(self, ios: list[storage_pb2.ReadIO], timeout_s: float) -> storage_pb2.BatchReadResponse:
+    async def send(
+        self, ios: list[storage_pb2.ReadIO], timeout_s: float
+    ) -> storage_pb2.BatchReadResponse:
         self.calls.append(([io.offset for io in ios], timeout_s))
         await asyncio.sleep(0)
         if self.fail is not None:
@@ -40,7 +42,11 @@ def test_same_turn_reads_share_one_rpc_and_keep_their_results() -> None:
         futs = [b.submit(_io(i), timeout_s=1.0 + i) for i in range(10)]
         res = await asyncio.gather(*futs)
         assert [r.length for r in res] == list(range(10))
-        assert [c[0] for c in node.calls] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # split at max_ios
+        assert [c[0] for c in node.calls] == [
+            [0, 1, 2, 3],
+            [4, 5, 6, 7],
+            [8, 9],
+        ]  # split at max_ios
         assert [c[1] for c in node.calls] == [4.0, 8.0, 10.0]  # the longest timeout of each batch
         assert b.stats == {"rpcs": 3, "ios": 10}
         # a read in a later turn is a new batch
@@ -57,7 +63,9 @@ def test_rpc_failure_fails_every_read_of_the_batch_with_its_own_error() -> None:
         b = ReadBatcher(node.send)
         futs = [b.submit(_io(i), timeout_s=1.0) for i in range(3)]
         errs = await asyncio.gather(*futs, return_exceptions=True)
-        assert all(isinstance(e, FsError) and e.code == Code.UNAVAILABLE and e.retryable for e in errs)
+        assert all(
+            isinstance(e, FsError) and e.code == Code.UNAVAILABLE and e.retryable for e in errs
+        )
         assert len({id(e) for e in errs}) == 3
         short = ReadBatcher(FakeNode(short=True).send)
         with pytest.raises(FsError) as ei:

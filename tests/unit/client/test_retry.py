@@ -52,7 +52,9 @@ def test_transient_errors_are_retried_until_success() -> None:
     async def on_error(e: FsError, n: int) -> None:
         seen.append((e.code, n))
 
-    r = asyncio.run(retrying(fn, RetryPolicy(deadline_s=5), on_error=on_error, sleep=t.sleep, clock=t.clock))
+    r = asyncio.run(
+        retrying(fn, RetryPolicy(deadline_s=5), on_error=on_error, sleep=t.sleep, clock=t.clock)
+    )
     assert r == "ok"
     assert calls == [1, 2, 3, 4]
     assert seen == [(Code.CHAIN_VERSION_MISMATCH, i) for i in (1, 2, 3)]
@@ -80,7 +82,11 @@ def test_deadline_gives_up_with_last_error() -> None:
         raise FsError(Code.UNAVAILABLE, "node down")
 
     with pytest.raises(FsError) as ei:
-        asyncio.run(retrying(fn, RetryPolicy(deadline_s=2.0, max_backoff_s=0.5), sleep=t.sleep, clock=t.clock))
+        asyncio.run(
+            retrying(
+                fn, RetryPolicy(deadline_s=2.0, max_backoff_s=0.5), sleep=t.sleep, clock=t.clock
+            )
+        )
     assert ei.value.code == Code.UNAVAILABLE
     assert not ei.value.retryable
     assert "gave up" in ei.value.message

@@ -40,7 +40,11 @@ def test_caller_from_pid_reads_groups() -> None:
 
 
 def test_layout_of_attr() -> None:
-    a = meta_pb2.Attr(layout=meta_pb2.Layout(chunk_size=1 << 16, stripe=2, table_id=1, table_version=3, chain_ids=[5, 9]))
+    a = meta_pb2.Attr(
+        layout=meta_pb2.Layout(
+            chunk_size=1 << 16, stripe=2, table_id=1, table_version=3, chain_ids=[5, 9]
+        )
+    )
     lay = layout_of(a)
     lay.validate()
     assert (lay.chunk_size, lay.stripe, lay.chain_ids, lay.table_version) == (1 << 16, 2, (5, 9), 3)

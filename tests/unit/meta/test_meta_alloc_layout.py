@@ -67,22 +67,29 @@ def test_round_robin_placement() -> None:
 
 
 def test_placement_without_table() -> None:
-    p = ChainAllocator(NoChainTables()).place(meta_pb2.Layout(chunk_size=1 << 20, stripe=4, table_id=1))
+    p = ChainAllocator(NoChainTables()).place(
+        meta_pb2.Layout(chunk_size=1 << 20, stripe=4, table_id=1)
+    )
     assert not p.chain_ids and p.stripe == 4
 
 
 def test_validate_and_merge() -> None:
     validate_layout(meta_pb2.Layout(chunk_size=1 << 20, stripe=1, table_id=1), partial=False)
     validate_layout(meta_pb2.Layout(), partial=True)
-    for bad in (meta_pb2.Layout(chunk_size=3000), meta_pb2.Layout(chunk_size=1 << 31),
-                meta_pb2.Layout(stripe=100_000)):
+    for bad in (
+        meta_pb2.Layout(chunk_size=3000),
+        meta_pb2.Layout(chunk_size=1 << 31),
+        meta_pb2.Layout(stripe=100_000),
+    ):
         with pytest.raises(FsError) as ei:
             validate_layout(bad, partial=True)
         assert ei.value.errno == errno.EINVAL
     with pytest.raises(FsError):
         validate_layout(meta_pb2.Layout(chunk_size=4096, stripe=1), partial=False)  # table 0
-    m = merge_layout(meta_pb2.Layout(chunk_size=4096, stripe=2, table_id=1, chain_ids=[5]),
-                     meta_pb2.Layout(stripe=8))
+    m = merge_layout(
+        meta_pb2.Layout(chunk_size=4096, stripe=2, table_id=1, chain_ids=[5]),
+        meta_pb2.Layout(stripe=8),
+    )
     assert (m.chunk_size, m.stripe, m.table_id, list(m.chain_ids)) == (4096, 8, 1, [])
 
 
@@ -95,7 +102,9 @@ def test_fast_keys_match_tuple_layer() -> None:
     rng = random.Random(5)
     for _ in range(500):
         ino = rng.choice([0, 1, 255, 256, 1 << 20, (1 << 64) - 1, rng.randrange(1 << 40)])
-        name = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 20))) + rng.choice([b"", b"\x00", b"\xff"])
+        name = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 20))) + rng.choice(
+            [b"", b"\x00", b"\xff"]
+        )
         assert S.inode_key(ino) == K.pack("in", ino)
         assert S.dentry_key(ino, name) == K.pack("de", ino, name)
         assert S.xattr_key(ino, name) == K.pack("in", ino, "x", name)

@@ -24,7 +24,9 @@ def build() -> tuple[Database, dict[str, int]]:
     op = MetaOperator(db, chains=StaticChainTables({1: [1]}))
     a = op.mkdir(meta_pb2.MkdirRequest(user=ROOT, parent=1, name=b"a", mode=0o755)).attr
     b = op.mkdir(meta_pb2.MkdirRequest(user=ROOT, parent=a.inode, name=b"b", mode=0o755)).attr
-    f = op.create(meta_pb2.CreateRequest(user=ROOT, parent=a.inode, name=b"f", mode=0o644, flags=os.O_RDONLY))
+    f = op.create(
+        meta_pb2.CreateRequest(user=ROOT, parent=a.inode, name=b"f", mode=0o644, flags=os.O_RDONLY)
+    )
     op.close(meta_pb2.CloseRequest(user=ROOT, inode=f.attr.inode, session_id=f.session_id))
     assert check_namespace(db).ok
     return db, {"a": a.inode, "b": b.inode, "f": f.attr.inode}
@@ -84,5 +86,7 @@ def test_type_mismatch_and_gc_of_live_inode() -> None:
     db.run(lambda tr: tr.set(S.dentry_key(i["a"], b"f"), S.encode_dentry(i["f"], 0o120000)))
     assert "type" in problems(db)
     db, i = build()
-    db.run(lambda tr: tr.set(S.gc_key(1, i["f"]), meta_pb2.GcEntry(inode=i["f"]).SerializeToString()))
+    db.run(
+        lambda tr: tr.set(S.gc_key(1, i["f"]), meta_pb2.GcEntry(inode=i["f"]).SerializeToString())
+    )
     assert "still exists" in problems(db)

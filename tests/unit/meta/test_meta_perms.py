@@ -65,8 +65,14 @@ def test_clear_suid_sgid() -> None:
 
 @pytest.mark.parametrize(
     "name,code",
-    [(b"", errno.EINVAL), (b"a/b", errno.EINVAL), (b"a\0", errno.EINVAL), (b".", errno.EINVAL),
-     (b"..", errno.EINVAL), (b"x" * 256, errno.ENAMETOOLONG)],
+    [
+        (b"", errno.EINVAL),
+        (b"a/b", errno.EINVAL),
+        (b"a\0", errno.EINVAL),
+        (b".", errno.EINVAL),
+        (b"..", errno.EINVAL),
+        (b"x" * 256, errno.ENAMETOOLONG),
+    ],
 )
 def test_bad_names(name: bytes, code: int) -> None:
     with pytest.raises(FsError) as ei:

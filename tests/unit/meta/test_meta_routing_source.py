@@ -17,8 +17,14 @@ def routing() -> Routing:
     info = mgmtd_pb2.RoutingInfo(version=5)
     for tid, cap, used, free in ((101, 1000, 100, 900), (102, 800, 300, 500), (201, 2000, 0, 2000)):
         info.targets.add(target_id=tid, capacity_bytes=cap, used_bytes=used, free_bytes=free)
-    info.chains.add(chain_id=1, version=1, targets=[mgmtd_pb2.ChainTargetInfo(target_id=101),
-                                                    mgmtd_pb2.ChainTargetInfo(target_id=102)])
+    info.chains.add(
+        chain_id=1,
+        version=1,
+        targets=[
+            mgmtd_pb2.ChainTargetInfo(target_id=101),
+            mgmtd_pb2.ChainTargetInfo(target_id=102),
+        ],
+    )
     info.chains.add(chain_id=2, version=1, targets=[mgmtd_pb2.ChainTargetInfo(target_id=201)])
     info.chain_tables.add(table_id=1, version=1, chain_ids=[1])
     info.chain_tables.add(table_id=1, version=2, chain_ids=[1, 2])

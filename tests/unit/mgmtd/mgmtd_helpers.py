@@ -61,7 +61,9 @@ def make_mgmtd(db: Database, clock: FakeClock, node_id: int = 1, **overrides: An
     return Mgmtd(op, elector, address)
 
 
-def storage_register(node: int, targets: int = 2, state: int = pb.LOCAL_STATE_ONLINE) -> pb.RegisterNodeRequest:
+def storage_register(
+    node: int, targets: int = 2, state: int = pb.LOCAL_STATE_ONLINE
+) -> pb.RegisterNodeRequest:
     """storage-i with targets i*100+1.. (ids and numbering of the local cluster)."""
     return pb.RegisterNodeRequest(
         cluster_id=CLUSTER,
@@ -70,7 +72,9 @@ def storage_register(node: int, targets: int = 2, state: int = pb.LOCAL_STATE_ON
         address=f"127.0.0.1:{20000 + node}",
         name=f"storage-{node}",
         targets=[
-            pb.LocalTargetReport(target_id=node * 100 + j, local_state=state, capacity_bytes=1 << 30)
+            pb.LocalTargetReport(
+                target_id=node * 100 + j, local_state=state, capacity_bytes=1 << 30
+            )
             for j in range(1, targets + 1)
         ],
     )

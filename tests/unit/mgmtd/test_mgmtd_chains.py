@@ -130,7 +130,11 @@ def with_local(chain: list[ChainTarget], **local: int) -> list[ChainTarget]:
 @pytest.mark.timeout(10)
 def test_failure_and_return_story() -> None:
     """3FS §2.7: [A, B, C] serving, B dies, returns, syncs, serves as the new tail."""
-    c = [ChainTarget(1, SERVING, UPTODATE), ChainTarget(2, SERVING, UPTODATE), ChainTarget(3, SERVING, UPTODATE)]
+    c = [
+        ChainTarget(1, SERVING, UPTODATE),
+        ChainTarget(2, SERVING, UPTODATE),
+        ChainTarget(3, SERVING, UPTODATE),
+    ]
     assert not sm.chain_changed(c, next_chain(c))
     c = next_chain(with_local(c, t2=LOCAL_OFFLINE))
     assert states(c) == [(1, SERVING), (3, SERVING), (2, OFFLINE)]  # moved to the end
@@ -143,7 +147,11 @@ def test_failure_and_return_story() -> None:
 
 @pytest.mark.timeout(10)
 def test_last_serving_replica_must_come_back_first() -> None:
-    c = [ChainTarget(1, SERVING, UPTODATE), ChainTarget(2, SERVING, UPTODATE), ChainTarget(3, SERVING, UPTODATE)]
+    c = [
+        ChainTarget(1, SERVING, UPTODATE),
+        ChainTarget(2, SERVING, UPTODATE),
+        ChainTarget(3, SERVING, UPTODATE),
+    ]
     c = next_chain(with_local(c, t1=LOCAL_OFFLINE))
     assert states(c) == [(2, SERVING), (3, SERVING), (1, OFFLINE)]
     c = next_chain(with_local(c, t2=LOCAL_OFFLINE))

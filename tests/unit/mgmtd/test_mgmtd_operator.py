@@ -36,7 +36,9 @@ async def leader(db: MemoryDatabase, clock: FakeClock, node_id: int = 1, **kw: A
     return m
 
 
-async def cluster3(clock: FakeClock, db: MemoryDatabase | None = None, **kw: Any) -> tuple[Mgmtd, Heartbeater]:
+async def cluster3(
+    clock: FakeClock, db: MemoryDatabase | None = None, **kw: Any
+) -> tuple[Mgmtd, Heartbeater]:
     """A leader with storage-1..3 (2 targets each) and chain table 1 of 3 replicas."""
     m = await leader(db or MemoryDatabase(), clock, **kw)
     for i in (1, 2, 3):
@@ -51,7 +53,9 @@ def chain_states(m: Mgmtd, chain_id: int) -> list[tuple[int, int]]:
     return [(t.target_id, t.public_state) for t in c.targets]
 
 
-async def beat_all(m: Mgmtd, hb: Heartbeater, states: dict[int, int], nodes: tuple[int, ...] = (1, 2, 3)) -> None:
+async def beat_all(
+    m: Mgmtd, hb: Heartbeater, states: dict[int, int], nodes: tuple[int, ...] = (1, 2, 3)
+) -> None:
     for n in nodes:
         mine = {t: s for t, s in states.items() if t // 100 == n}
         await m.op.heartbeat(hb.request(n, mine))
@@ -294,7 +298,10 @@ def test_chain_table_errors_and_idempotence(clock: FakeClock) -> None:
             (pb.CreateChainTableRequest(table_id=1, replicas=3), Code.CANNOT_SATISFY),
             (pb.CreateChainTableRequest(table_id=0, replicas=1), Code.INVALID_ARGUMENT),
             (pb.CreateChainTableRequest(table_id=1, replicas=0), Code.INVALID_ARGUMENT),
-            (pb.CreateChainTableRequest(table_id=1, replicas=2, node_ids=[10001, 55]), Code.UNKNOWN_NODE),
+            (
+                pb.CreateChainTableRequest(table_id=1, replicas=2, node_ids=[10001, 55]),
+                Code.UNKNOWN_NODE,
+            ),
         ]:
             with pytest.raises(FsError) as ei:
                 await m.op.create_chain_table(req)
@@ -355,7 +362,9 @@ def test_new_leader_loses_nothing_and_versions_stay_monotonic(clock: FakeClock) 
         assert new.node(10001).address == old.node(10001).address
         # presumed alive for one timeout: no chain changes at once
         await m2.op.run_once()
-        assert [c.version for c in Routing(m2.op.routing()).chains()] == [c.version for c in old.chains()]
+        assert [c.version for c in Routing(m2.op.routing()).chains()] == [
+            c.version for c in old.chains()
+        ]
         # nodes that never report again are declared offline after the timeout
         clock.advance(6.0)
         await m2.op.run_once()
@@ -434,9 +443,13 @@ def test_usage_only_changes_are_published_with_a_delay(clock: FakeClock) -> None
 def test_report_target_error_counts(clock: FakeClock) -> None:
     async def main() -> None:
         m, hb = await cluster3(clock)
-        await m.op.report_target_error(pb.ReportTargetErrorRequest(target_id=101, node_id=10001, kind="checksum"))
+        await m.op.report_target_error(
+            pb.ReportTargetErrorRequest(target_id=101, node_id=10001, kind="checksum")
+        )
         with pytest.raises(FsError) as ei:
-            await m.op.report_target_error(pb.ReportTargetErrorRequest(target_id=5, kind="checksum"))
+            await m.op.report_target_error(
+                pb.ReportTargetErrorRequest(target_id=5, kind="checksum")
+            )
         assert ei.value.code == Code.UNKNOWN_TARGET
         with pytest.raises(FsError) as ei:
             await m.op.report_target_error(pb.ReportTargetErrorRequest(target_id=101))
@@ -463,7 +476,10 @@ def test_metrics_follow_the_state(clock: FakeClock) -> None:
         assert REGISTRY.get_sample_value("fs3_mgmtd_routing_version") == m.op.routing().version
         ok_before = REGISTRY.get_sample_value("fs3_mgmtd_heartbeats_total", {"result": "ok"}) or 0
         await beat_all(m, hb, ALL_UP)
-        assert REGISTRY.get_sample_value("fs3_mgmtd_heartbeats_total", {"result": "ok"}) == ok_before + 3
+        assert (
+            REGISTRY.get_sample_value("fs3_mgmtd_heartbeats_total", {"result": "ok"})
+            == ok_before + 3
+        )
         clock.advance(6.0)
         await m.op.run_once()
         assert REGISTRY.get_sample_value("fs3_mgmtd_nodes", {"status": "offline"}) == 3

@@ -97,7 +97,9 @@ def test_extension_balances_against_existing_chains() -> None:
     # 2 new chains must take the 3 old nodes between them, so one old pair is
     # unavoidably reused once; the generator reuses no more than that.
     reused = sum(
-        1 for nodes in plan.chain_nodes for a, b in itertools.combinations(sorted(nodes), 2)
+        1
+        for nodes in plan.chain_nodes
+        for a, b in itertools.combinations(sorted(nodes), 2)
         if a in (1, 2, 3) and b in (1, 2, 3)
     )
     assert reused == 1

@@ -91,7 +91,9 @@ def test_kill9_never_leaves_a_mix(tmp_path: Path) -> None:
     cache: dict[tuple[int, int], bytes] = {}
     for _round in range(10):
         proc = subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(root), here], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [sys.executable, "-c", CHILD, str(root), here],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
         )
         try:
@@ -111,7 +113,9 @@ def test_kill9_never_leaves_a_mix(tmp_path: Path) -> None:
             for c in range(CHUNKS):
                 m = e.get(ChunkKey(77, c))
                 got_v = m.commit_ver if m else 0
-                assert got_v >= acked.get(c, 0), f"chunk {c}: acknowledged v{acked[c]} lost (have v{got_v})"
+                assert got_v >= acked.get(c, 0), (
+                    f"chunk {c}: acknowledged v{acked[c]} lost (have v{got_v})"
+                )
                 if m is None:
                     continue
                 meta, data = e.read(ChunkKey(77, c), 0, CS)  # verifies every block CRC

@@ -68,7 +68,11 @@ def test_spare_files_are_empty_and_swept(tmp_path: Path) -> None:
     files = lambda: {str(p.relative_to(e.data_dir)) for p in e.data_dir.rglob("*") if p.is_file()}  # noqa: E731
     n = SPARE_BATCH + 3  # crosses a batch boundary
     for i in range(n):
-        e.commit(e.stage_write(ChunkKey(1, i), 0, b"x" * (i + 1), update_ver=1, chain_ver=1, chunk_size=CS))
+        e.commit(
+            e.stage_write(
+                ChunkKey(1, i), 0, b"x" * (i + 1), update_ver=1, chain_ver=1, chunk_size=CS
+            )
+        )
     committed = {m.file for m in e.list()}
     spares = e.spare_files()
     assert len(committed) == n and not committed & spares
@@ -117,7 +121,9 @@ def test_deferred_sync_is_completed_by_commit(tmp_path: Path) -> None:
         assert calls == ["sync"] and p.synced
         assert meta is not None and meta.checksum == crc32c(data)
         # an explicit sync first: commit does not sync again
-        p2 = e.stage_write(k, len(data), b"tail", update_ver=2, chain_ver=1, chunk_size=CS, sync=False)
+        p2 = e.stage_write(
+            k, len(data), b"tail", update_ver=2, chain_ver=1, chunk_size=CS, sync=False
+        )
         e.sync_pending(p2)
         assert p2.synced
         e.commit(p2)
@@ -125,7 +131,9 @@ def test_deferred_sync_is_completed_by_commit(tmp_path: Path) -> None:
         # without fsync there is nothing to wait for
         e_nf = FileChunkEngine(tmp_path / "nf", fsync=False)
         try:
-            assert e_nf.stage_write(k, 0, b"a", update_ver=1, chain_ver=1, chunk_size=CS, sync=False).synced
+            assert e_nf.stage_write(
+                k, 0, b"a", update_ver=1, chain_ver=1, chunk_size=CS, sync=False
+            ).synced
         finally:
             e_nf.close()
     finally:

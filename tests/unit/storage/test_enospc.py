@@ -26,7 +26,9 @@ CS = 1 << 20
 def small_fs(tmp_path: Path) -> Iterator[Path]:
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     try:
@@ -40,7 +42,9 @@ def _files(root: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("precheck", [True, False])
-def test_full_disk_refuses_cleanly(small_fs: Path, precheck: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_full_disk_refuses_cleanly(
+    small_fs: Path, precheck: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     e = FileChunkEngine(small_fs / "t", fsync=True)
     if not precheck:
         monkeypatch.setattr(e, "_check_room", lambda growth: None)
@@ -68,7 +72,16 @@ def test_full_disk_refuses_cleanly(small_fs: Path, precheck: bool, monkeypatch: 
         k0 = next(iter(written))
         with pytest.raises(FsError) as ei:
             for _ in range(3):  # fill any slack first
-                e.commit(e.stage_write(ChunkKey(2, 0), 0, os.urandom(CS // 2), update_ver=1, chain_ver=1, chunk_size=CS))
+                e.commit(
+                    e.stage_write(
+                        ChunkKey(2, 0),
+                        0,
+                        os.urandom(CS // 2),
+                        update_ver=1,
+                        chain_ver=1,
+                        chunk_size=CS,
+                    )
+                )
                 e.commit(e.stage_remove(ChunkKey(2, 0), update_ver=2, chain_ver=1))
             e.commit(e.stage_write(k0, 10, b"x" * 1000, update_ver=2, chain_ver=1, chunk_size=CS))
         assert ei.value.code == Code.NO_SPACE
@@ -78,7 +91,9 @@ def test_full_disk_refuses_cleanly(small_fs: Path, precheck: bool, monkeypatch: 
         # freeing space makes writes work again
         for k in list(written)[:2]:
             e.commit(e.stage_remove(k, update_ver=2, chain_ver=1))
-        e.commit(e.stage_write(ChunkKey(3, 0), 0, b"fits now", update_ver=1, chain_ver=1, chunk_size=CS))
+        e.commit(
+            e.stage_write(ChunkKey(3, 0), 0, b"fits now", update_ver=1, chain_ver=1, chunk_size=CS)
+        )
         assert e.read(ChunkKey(3, 0), 0, 100)[1] == b"fits now"
     finally:
         e.close()

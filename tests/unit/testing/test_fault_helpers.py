@@ -55,8 +55,16 @@ def _echo(port: int, timeout: float = 2.0) -> bytes:
 
 def test_netns_command_rewrites_only_service_commands() -> None:
     cmd = [sys.executable, "-m", "fs3.cli.main", "storage", "--config", "/x.toml"]
-    assert netns_command("ns1", cmd) == [sys.executable, "-m", "fs3.testing.faults", "netns-exec", "ns1",
-                                         "storage", "--config", "/x.toml"]
+    assert netns_command("ns1", cmd) == [
+        sys.executable,
+        "-m",
+        "fs3.testing.faults",
+        "netns-exec",
+        "ns1",
+        "storage",
+        "--config",
+        "/x.toml",
+    ]
     with pytest.raises(ValueError):
         netns_command("ns1", ["sleep", "1"])
 
@@ -69,8 +77,11 @@ def test_netns_link_is_transparent_partitionable_and_cleaned_up() -> None:
     try:
         link.setup([port])
         assert link.ns in leftover_netns()
-        p = subprocess.Popen(["ip", "netns", "exec", link.ns, sys.executable, "-c", ECHO, str(port)],
-                             stdout=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            ["ip", "netns", "exec", link.ns, sys.executable, "-c", ECHO, str(port)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"
             # the host reaches 127.0.0.1:port although the listener is in the namespace
@@ -95,7 +106,9 @@ def test_netns_link_is_transparent_partitionable_and_cleaned_up() -> None:
     finally:
         link.cleanup()
     assert link.ns not in leftover_netns()
-    nat = subprocess.run(["iptables", "-t", "nat", "-S"], capture_output=True, text=True, check=True).stdout
+    nat = subprocess.run(
+        ["iptables", "-t", "nat", "-S"], capture_output=True, text=True, check=True
+    ).stdout
     assert link.comment not in nat
     assert subprocess.run(["ip", "link", "show", link.host_if], capture_output=True).returncode != 0
 
@@ -148,13 +161,21 @@ def test_compare_chain_finds_every_kind_of_replica_difference(tmp_path: Path) ->
     try:
         a, b = os.urandom(100_000), os.urandom(50_000)
         for eng in engines.values():
-            eng.commit(eng.stage_write(ChunkKey(5, 0), 0, a, update_ver=1, chain_ver=1, chunk_size=1 << 20))
-            eng.commit(eng.stage_write(ChunkKey(5, 1), 0, b, update_ver=1, chain_ver=1, chunk_size=1 << 20))
+            eng.commit(
+                eng.stage_write(ChunkKey(5, 0), 0, a, update_ver=1, chain_ver=1, chunk_size=1 << 20)
+            )
+            eng.commit(
+                eng.stage_write(ChunkKey(5, 1), 0, b, update_ver=1, chain_ver=1, chunk_size=1 << 20)
+            )
         dirs = {tid: tmp_path / f"t{tid}" for tid in engines}
         assert compare_chain(1, dirs) == []
         # a newer version on one replica only
         e2 = engines[201]
-        e2.commit(e2.stage_write(ChunkKey(5, 1), 0, b"x" * 10, update_ver=2, chain_ver=1, chunk_size=1 << 20))
+        e2.commit(
+            e2.stage_write(
+                ChunkKey(5, 1), 0, b"x" * 10, update_ver=2, chain_ver=1, chunk_size=1 << 20
+            )
+        )
         # a chunk missing on one replica
         e3 = engines[301]
         e3.commit(e3.stage_remove(ChunkKey(5, 0), update_ver=2, chain_ver=1))

@@ -75,7 +75,9 @@ def test_check_read_rules(tmp_path: Path) -> None:
     assert not m.violations
     m.check_read("r", 1, 0, old, floor_seq=s2, allow_short=False)
     assert [v.kind for v in m.violations] == ["stale"]
-    m.check_read("r", 1, 0, old, floor_seq=s1, allow_short=False)  # read began before s2 was acked: fine
+    m.check_read(
+        "r", 1, 0, old, floor_seq=s1, allow_short=False
+    )  # read began before s2 was acked: fine
     assert len(m.violations) == 1
     m.check_read("w0", 1, 0, old, floor_seq=s2, allow_short=False, exact_seq=s2)
     assert m.violations[-1].kind == "ryw"
@@ -84,7 +86,9 @@ def test_check_read_rules(tmp_path: Path) -> None:
     n = len(m.violations)
     m.check_read("r", 1, 1, b"", floor_seq=-1, allow_short=False)  # nothing acknowledged there yet
     assert len(m.violations) == n
-    m.check_read("r", 1, 0, b"", floor_seq=s2, allow_short=True)  # POSIX reader, length not visible yet
+    m.check_read(
+        "r", 1, 0, b"", floor_seq=s2, allow_short=True
+    )  # POSIX reader, length not visible yet
     assert len(m.violations) == n
     m.check_read("r", 1, 0, b"", floor_seq=s2, allow_short=False)
     assert m.violations[-1].kind == "lost"
@@ -97,7 +101,9 @@ def test_check_read_rules(tmp_path: Path) -> None:
 @pytest.mark.timeout(30)
 def test_workload_clean_on_a_local_directory(tmp_path: Path) -> None:
     a, b = PosixOps(str(tmp_path), "a"), PosixOps(str(tmp_path), "b")
-    wl = Workload([a, b], [a, b], config=WorkloadConfig(block_size=BS, max_blocks=8), seed=3).start()
+    wl = Workload(
+        [a, b], [a, b], config=WorkloadConfig(block_size=BS, max_blocks=8), seed=3
+    ).start()
     assert wl.wait_acked(60, 20)
     time.sleep(0.2)
     assert wl.stop(10) == []
@@ -111,7 +117,9 @@ def test_workload_clean_on_a_local_directory(tmp_path: Path) -> None:
 @pytest.mark.timeout(30)
 def test_final_check_catches_lost_stale_torn_and_missing(tmp_path: Path) -> None:
     ops = PosixOps(str(tmp_path), "a")
-    wl = Workload([ops], [], config=WorkloadConfig(block_size=BS, max_blocks=6, files_per_writer=3), seed=5).start()
+    wl = Workload(
+        [ops], [], config=WorkloadConfig(block_size=BS, max_blocks=6, files_per_writer=3), seed=5
+    ).start()
     assert wl.wait_acked(40, 20)
     wl.stop(10)
     assert wl.model.verify_all(ops) == []

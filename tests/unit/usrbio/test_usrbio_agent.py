@@ -166,7 +166,9 @@ def _run_all(ior: Ior, ios: list[tuple[Iov, int, int, int, int]]) -> dict[int, i
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("io_depth,timeout", [(0, None), (4, 0.02), (-3, None)])
-def test_round_trip_many_ios_mixed_sizes(env: AgentEnv, io_depth: int, timeout: float | None) -> None:
+def test_round_trip_many_ios_mixed_sizes(
+    env: AgentEnv, io_depth: int, timeout: float | None
+) -> None:
     rng = random.Random(42 + io_depth)
     file_size = 4 << 20
     fd = _open(env, "data.bin", file_size)
@@ -179,7 +181,10 @@ def test_round_trip_many_ios_mixed_sizes(env: AgentEnv, io_depth: int, timeout: 
         off += n
     rng.shuffle(pieces)
     expected = rng.randbytes(file_size)
-    with Iov(env.mount, 2 * file_size) as iov, Ior(env.mount, 32, for_read=False, io_depth=io_depth, timeout=timeout) as wr:
+    with (
+        Iov(env.mount, 2 * file_size) as iov,
+        Ior(env.mount, 32, for_read=False, io_depth=io_depth, timeout=timeout) as wr,
+    ):
         iov.buf[:file_size] = expected
         res = _run_all(wr, [(iov, o, fd, o, n) for o, n in pieces])
         assert [res[i] for i in range(len(pieces))] == [n for _, n in pieces]
@@ -219,7 +224,9 @@ def test_iov_buf_is_a_plain_writable_buffer() -> None:
             try:
                 with Iov(mount, 8192) as iov:
                     b = iov.buf
-                    assert not b.readonly and b.c_contiguous and b.format == "B" and b.nbytes == 8192
+                    assert (
+                        not b.readonly and b.c_contiguous and b.format == "B" and b.nbytes == 8192
+                    )
                     b.cast("Q")[1] = 2**64 - 1  # typed views work too
                     assert bytes(b[8:16]) == b"\xff" * 8
                     del b
@@ -354,7 +361,9 @@ def test_crashed_application_is_reclaimed(env: AgentEnv) -> None:
     path = os.path.join(env.mount, "x.bin")
     with open(path, "wb") as f:
         f.write(b"y" * 4096)
-    p = subprocess.Popen([sys.executable, "-c", _APP, env.mount, path], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", _APP, env.mount, path], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert p.stdout is not None
         iov_path = p.stdout.readline().strip()
@@ -363,7 +372,9 @@ def test_crashed_application_is_reclaimed(env: AgentEnv) -> None:
         p.send_signal(signal.SIGKILL)
         p.wait(10)
         _until(lambda: env.agent.iov_count == 0 and env.agent.ring_count == 0)
-        _until(lambda: not glob.glob(f"/dev/shm/fs3-io[rv]-{p.pid}-*"))  # the agent removed its files
+        _until(
+            lambda: not glob.glob(f"/dev/shm/fs3-io[rv]-{p.pid}-*")
+        )  # the agent removed its files
         assert env.agent.stats["ios"] >= 1
     finally:
         if p.poll() is None:
@@ -396,7 +407,9 @@ def test_crashed_agent_fails_wait_not_hang() -> None:
     before = _my_shm_files()
     with tempfile.TemporaryDirectory() as mount:
         p = subprocess.Popen(
-            [sys.executable, "-c", _AGENT, agent_socket_path(mount)], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", _AGENT, agent_socket_path(mount)],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         try:
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"
@@ -452,7 +465,9 @@ class ShmTransportBackend(LocalFileBackend):
 
         self.st = ServerTransport(tcp=False)
         self.server = create_server()
-        add_servicer(self.server, transport_pb2_grpc.add_TransportServiceServicer_to_server, self.st.servicer)
+        add_servicer(
+            self.server, transport_pb2_grpc.add_TransportServiceServicer_to_server, self.st.servicer
+        )
         self.node = f"127.0.0.1:{bind(self.server, '127.0.0.1', 0)}"
         await self.server.start()
         await self.st.start("127.0.0.1")
@@ -480,7 +495,9 @@ class ShmTransportBackend(LocalFileBackend):
         self.refs.append(ref)
         fd = self._fd(inode, os.O_RDONLY)
         try:
-            n = await self.st.deliver_file(self._wire(ref), fd, file_offset, len(dest))  # the storage server
+            n = await self.st.deliver_file(
+                self._wire(ref), fd, file_offset, len(dest)
+            )  # the storage server
         finally:
             os.close(fd)
         await complete(n)
@@ -519,11 +536,16 @@ def test_usrbio_over_shm_transport_moves_no_bytes_through_the_agent() -> None:
                 with Iov(mount, 2 << 20) as iov:
                     iov.buf[: 1 << 20] = payload
                     with Ior(mount, 16, for_read=False) as wr:
-                        res = _run_all(wr, [(iov, i << 16, fd, i << 16, 1 << 16) for i in range(16)])
+                        res = _run_all(
+                            wr, [(iov, i << 16, fd, i << 16, 1 << 16) for i in range(16)]
+                        )
                         assert all(v == 1 << 16 for v in res.values())
                     assert os.pread(fd, 1 << 20, 0) == payload
                     with Ior(mount, 16, for_read=True) as rd:
-                        res = _run_all(rd, [(iov, (1 << 20) + (i << 16), fd, i << 16, 1 << 16) for i in range(16)])
+                        res = _run_all(
+                            rd,
+                            [(iov, (1 << 20) + (i << 16), fd, i << 16, 1 << 16) for i in range(16)],
+                        )
                         assert all(v == 1 << 16 for v in res.values())
                     assert bytes(iov.buf[1 << 20 :]) == payload
                     # every transfer named the Iov itself: no staging copy anywhere

@@ -70,7 +70,11 @@ def test_corrupt_headers_and_indices_are_refused() -> None:
 
 def test_agent_socket_path_is_stable_and_does_not_stat_the_mount(tmp_path: object) -> None:
     p = str(tmp_path)
-    assert agent_socket_path(p) == agent_socket_path(p + "/") == agent_socket_path(os.path.join(p, "."))
+    assert (
+        agent_socket_path(p)
+        == agent_socket_path(p + "/")
+        == agent_socket_path(os.path.join(p, "."))
+    )
     assert agent_socket_path(p) != agent_socket_path(p + "x")
     # a mount point that does not exist yet (computed before mounting) still works
     assert agent_socket_path(os.path.join(p, "not-mounted-yet")).endswith(".sock")
