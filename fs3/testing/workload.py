@@ -391,7 +391,14 @@ class PosixOps:
             os.close(fd)
 
     def size(self, path: str) -> int:
-        return os.stat(self._p(path)).st_size
+        # Close-to-open: another client's acknowledged length is guaranteed visible
+        # after an open, not to a stat answered from the kernel's attribute cache
+        # (attr_timeout). Open, then fstat.
+        fd = os.open(self._p(path), os.O_RDONLY)
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
 
     def makedirs(self, path: str) -> None:
         os.makedirs(self._p(path), exist_ok=True)
