@@ -100,18 +100,19 @@ def test_check_read_rules(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(30)
 def test_workload_clean_on_a_local_directory(tmp_path: Path) -> None:
+    # Writers only: a local ext4/tmpfs file gives no atomicity between a concurrent
+    # pread and pwrite of the same page (a reader can see a half-copied block), so
+    # concurrent readers would report "torn" blocks the local disk is allowed to
+    # produce. The read checks are covered deterministically by the tests above;
+    # here the whole acknowledged history must verify afterwards.
     a, b = PosixOps(str(tmp_path), "a"), PosixOps(str(tmp_path), "b")
-    wl = Workload(
-        [a, b], [a, b], config=WorkloadConfig(block_size=BS, max_blocks=8), seed=3
-    ).start()
+    wl = Workload([a, b], [], config=WorkloadConfig(block_size=BS, max_blocks=8), seed=3).start()
     assert wl.wait_acked(60, 20)
-    time.sleep(0.2)
     assert wl.stop(10) == []
     s = wl.model.summary()
-    assert s["acked_writes"] >= 60 and s.get("reads_checked", 0) > 0, s
+    assert s["acked_writes"] >= 60, s
     assert wl.model.violations == [], [str(v) for v in wl.model.violations]
     assert wl.model.verify_all(PosixOps(str(tmp_path), "final")) == []
-    assert len(wl.model.reads_seen) >= s["reads_checked"] > 0
 
 
 @pytest.mark.timeout(30)
