@@ -130,6 +130,28 @@ class Transaction(ABC):
             )
 
 
+class BufferedWritesTransaction(Transaction):
+    """A transaction that buffers writes in ``self.writes`` (key -> value, None = clear)
+    until commit: the memory and sqlite engines share this; FDB buffers itself."""
+
+    writes: dict[bytes, bytes | None]
+
+    @abstractmethod
+    def _check_open(self) -> None:
+        """Raise if the transaction was committed or cancelled."""
+
+    def set(self, key: bytes, value: bytes) -> None:
+        self._check_open()
+        self.check_key(key)
+        self.check_value(value)
+        self.writes[bytes(key)] = bytes(value)
+
+    def clear(self, key: bytes) -> None:
+        self._check_open()
+        self.check_key(key)
+        self.writes[bytes(key)] = None
+
+
 class Database(ABC):
     """A transactional ordered KV store.
 

@@ -14,7 +14,7 @@ import threading
 
 from fs3 import faults
 from fs3.errors import Code, FsError
-from fs3.kv.database import Database, KeyValue, Transaction, key_after
+from fs3.kv.database import BufferedWritesTransaction, Database, KeyValue, key_after
 
 Range = tuple[bytes, bytes]
 
@@ -126,7 +126,7 @@ class MemoryDatabase(Database):
                 del self._keys[i]
 
 
-class MemoryTransaction(Transaction):
+class MemoryTransaction(BufferedWritesTransaction):
     def __init__(self, db: MemoryDatabase, read_version: int) -> None:
         self.db = db
         self.read_version = read_version
@@ -194,17 +194,6 @@ class MemoryTransaction(Transaction):
         elif not snapshot:
             self.read_ranges.append((begin, end))
         return [(k, merged[k]) for k in keys]
-
-    def set(self, key: bytes, value: bytes) -> None:
-        self._check_open()
-        self.check_key(key)
-        self.check_value(value)
-        self.writes[bytes(key)] = bytes(value)
-
-    def clear(self, key: bytes) -> None:
-        self._check_open()
-        self.check_key(key)
-        self.writes[bytes(key)] = None
 
     def clear_range(self, begin: bytes, end: bytes) -> None:
         self._check_open()

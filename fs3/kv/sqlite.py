@@ -43,7 +43,7 @@ from urllib.parse import parse_qsl
 
 from fs3 import faults
 from fs3.errors import Code, FsError
-from fs3.kv.database import Database, KeyValue, Transaction, key_after
+from fs3.kv.database import BufferedWritesTransaction, Database, KeyValue, Transaction, key_after
 
 Range = tuple[bytes, bytes]
 
@@ -260,7 +260,7 @@ class SqliteDatabase(Database):
             conn.close()
 
 
-class SqliteTransaction(Transaction):
+class SqliteTransaction(BufferedWritesTransaction):
     """Buffered writes over a pinned WAL snapshot; validated at commit."""
 
     def __init__(self, db: SqliteDatabase) -> None:
@@ -424,17 +424,6 @@ class SqliteTransaction(Transaction):
                         break
 
     # -- writes -------------------------------------------------------------------
-
-    def set(self, key: bytes, value: bytes) -> None:
-        self._check_open()
-        self.check_key(key)
-        self.check_value(value)
-        self.writes[bytes(key)] = bytes(value)
-
-    def clear(self, key: bytes) -> None:
-        self._check_open()
-        self.check_key(key)
-        self.writes[bytes(key)] = None
 
     def clear_range(self, begin: bytes, end: bytes) -> None:
         self._check_open()
