@@ -967,6 +967,38 @@ class UsrbioBackend:
             await self.ops._settle(of.ist)
         return await self.ops._call(self.ops.client.readinto(of.h, file_offset, dest))
 
+    async def read_batch(self, ios: list[tuple[int, int, memoryview]]) -> list[int | BaseException]:
+        """Every read of one ring batch in one bridge crossing (see fs3.usrbio.agent).
+
+        The reads start together on the client's loop, so its read batcher
+        sends them to each storage node as one request. Each result is the
+        byte count or that read's own exception.
+        """
+        out: list[int | BaseException | None] = [None] * len(ios)
+        todo: list[tuple[int, OpenFile, int, memoryview]] = []
+        for i, (inode, off, dest) in enumerate(ios):
+            try:
+                of = self._open_file(inode, False)
+            except FsError as e:
+                out[i] = e
+                continue
+            if of.ist.busy:
+                await self.ops._settle(of.ist)
+            todo.append((i, of, off, dest))
+        if todo:
+            client = self.ops.client
+
+            async def run_all() -> list[Any]:
+                return await asyncio.gather(
+                    *(client.readinto(of.h, off, dest) for _, of, off, dest in todo),
+                    return_exceptions=True,
+                )
+
+            got = await self.ops._call(run_all())
+            for (i, _, _, _), r in zip(todo, got, strict=True):
+                out[i] = r
+        return [r if r is not None else FsError(Code.INTERNAL, "read not run") for r in out]
+
     async def write(self, inode: int, file_offset: int, src: memoryview) -> int:
         of = self._open_file(inode, True)
         ist = of.ist
