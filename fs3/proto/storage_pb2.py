@@ -27,15 +27,15 @@ from . import mgmtd_pb2 as mgmtd__pb2
 from . import transport_pb2 as transport__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rstorage.proto\x12\x06\x66s3.v1\x1a\x0c\x63ommon.proto\x1a\x0bmgmtd.proto\x1a\x0ftransport.proto\"\'\n\x07\x43hunkId\x12\r\n\x05inode\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\"K\n\nChunkRange\x12\r\n\x05inode\x18\x01 \x01(\x04\x12\r\n\x05\x62\x65gin\x18\x02 \x01(\r\x12\x0b\n\x03\x65nd\x18\x03 \x01(\r\x12\x12\n\nmax_chunks\x18\x04 \x01(\r\"V\n\tUpdateTag\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\x12\x12\n\nchannel_id\x18\x03 \x01(\r\x12\x0e\n\x06seqnum\x18\x04 \x01(\x04\"\x82\x02\n\x08UpdateIO\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\r\x12\x15\n\rchain_version\x18\x02 \x01(\r\x12\x1e\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x0f.fs3.v1.ChunkId\x12 \n\x04type\x18\x04 \x01(\x0e\x32\x12.fs3.v1.UpdateType\x12\x0e\n\x06offset\x18\x05 \x01(\r\x12\x0e\n\x06length\x18\x06 \x01(\r\x12\x12\n\nchunk_size\x18\x07 \x01(\r\x12\x10\n\x08\x63hecksum\x18\x08 \x01(\r\x12\x1d\n\x04\x64\x61ta\x18\t \x01(\x0b\x32\x0f.fs3.v1.DataRef\x12\x12\n\nupdate_ver\x18\n \x01(\r\x12\x12\n\nfull_chunk\x18\x0b \x01(\x08\"\x84\x01\n\x08IOResult\x12\x0e\n\x06length\x18\x01 \x01(\r\x12\x12\n\ncommit_ver\x18\x02 \x01(\r\x12\x12\n\nupdate_ver\x18\x03 \x01(\r\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\r\x12\x18\n\x10\x63ommit_chain_ver\x18\x05 \x01(\r\x12\x14\n\x0c\x63hunk_length\x18\x06 \x01(\r\"t\n\x0cWriteRequest\x12\x1c\n\x02io\x18\x01 \x01(\x0b\x32\x10.fs3.v1.UpdateIO\x12\x1e\n\x03tag\x18\x02 \x01(\x0b\x32\x11.fs3.v1.UpdateTag\x12\x13\n\x0bretry_count\x18\x03 \x01(\r\x12\x11\n\ttarget_id\x18\x04 \x01(\x04\"1\n\rWriteResponse\x12 \n\x06result\x18\x01 \x01(\x0b\x32\x10.fs3.v1.IOResult\"\x8f\x01\n\rUpdateRequest\x12\x1c\n\x02io\x18\x01 \x01(\x0b\x32\x10.fs3.v1.UpdateIO\x12\x1e\n\x03tag\x18\x02 \x01(\x0b\x32\x11.fs3.v1.UpdateTag\x12\x12\n\nis_syncing\x18\x03 \x01(\x08\x12\x16\n\x0e\x66rom_target_id\x18\x04 \x01(\x04\x12\x14\n\x0cto_target_id\x18\x05 \x01(\x04\"2\n\x0eUpdateResponse\x12 \n\x06result\x18\x01 \x01(\x0b\x32\x10.fs3.v1.IOResult\"\xa3\x01\n\x06ReadIO\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\r\x12\x15\n\rchain_version\x18\x02 \x01(\r\x12\x1e\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x0f.fs3.v1.ChunkId\x12\x0e\n\x06offset\x18\x04 \x01(\r\x12\x0e\n\x06length\x18\x05 \x01(\r\x12\x1d\n\x04\x64\x65st\x18\x06 \x01(\x0b\x32\x0f.fs3.v1.DataRef\x12\x11\n\ttarget_id\x18\x07 \x01(\x04\"\xa2\x01\n\nReadResult\x12\"\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x13.fs3.v1.ErrorDetail\x12\x0e\n\x06length\x18\x02 \x01(\r\x12\x12\n\ncommit_ver\x18\x03 \x01(\r\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\r\x12\x14\n\x0c\x63hunk_length\x18\x05 \x01(\r\x12\x16\n\x0e\x63hunk_checksum\x18\x06 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\"B\n\x10\x42\x61tchReadRequest\x12\x1b\n\x03ios\x18\x01 \x03(\x0b\x32\x0e.fs3.v1.ReadIO\x12\x11\n\tclient_id\x18\x02 \x01(\t\"8\n\x11\x42\x61tchReadResponse\x12#\n\x07results\x18\x01 \x03(\x0b\x32\x12.fs3.v1.ReadResult\"^\n\x10QueryLastChunkOp\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\r\x12\x15\n\rchain_version\x18\x02 \x01(\r\x12!\n\x05range\x18\x03 \x01(\x0b\x32\x12.fs3.v1.ChunkRange\"\xac\x01\n\x14QueryLastChunkResult\x12\"\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x13.fs3.v1.ErrorDetail\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\x12\x12\n\nlast_index\x18\x03 \x01(\r\x12\x13\n\x0blast_length\x18\x04 \x01(\r\x12\x14\n\x0ctotal_length\x18\x05 \x01(\x04\x12\x14\n\x0ctotal_chunks\x18\x06 \x01(\r\x12\x0c\n\x04more\x18\x07 \x01(\x08\">\n\x15QueryLastChunkRequest\x12%\n\x03ops\x18\x01 \x03(\x0b\x32\x18.fs3.v1.QueryLastChunkOp\"G\n\x16QueryLastChunkResponse\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.fs3.v1.QueryLastChunkResult\"\xb3\x01\n\x0fTruncateChunkOp\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\r\x12\x15\n\rchain_version\x18\x02 \x01(\r\x12\x1e\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x0f.fs3.v1.ChunkId\x12\x0e\n\x06length\x18\x04 \x01(\r\x12\x12\n\nchunk_size\x18\x05 \x01(\r\x12\x13\n\x0bonly_extend\x18\x06 \x01(\x08\x12\x1e\n\x03tag\x18\x07 \x01(\x0b\x32\x11.fs3.v1.UpdateTag\"[\n\x13TruncateChunkResult\x12\"\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x13.fs3.v1.ErrorDetail\x12 \n\x06result\x18\x02 \x01(\x0b\x32\x10.fs3.v1.IOResult\"=\n\x15TruncateChunksRequest\x12$\n\x03ops\x18\x01 \x03(\x0b\x32\x17.fs3.v1.TruncateChunkOp\"F\n\x16TruncateChunksResponse\x12,\n\x07results\x18\x01 \x03(\x0b\x32\x1b.fs3.v1.TruncateChunkResult\"|\n\x0eRemoveChunksOp\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\r\x12\x15\n\rchain_version\x18\x02 \x01(\r\x12!\n\x05range\x18\x03 \x01(\x0b\x32\x12.fs3.v1.ChunkRange\x12\x1e\n\x03tag\x18\x04 \x01(\x0b\x32\x11.fs3.v1.UpdateTag\"W\n\x12RemoveChunksResult\x12\"\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x13.fs3.v1.ErrorDetail\x12\x0f\n\x07removed\x18\x02 \x01(\r\x12\x0c\n\x04more\x18\x03 \x01(\x08\":\n\x13RemoveChunksRequest\x12#\n\x03ops\x18\x01 \x03(\x0b\x32\x16.fs3.v1.RemoveChunksOp\"C\n\x14RemoveChunksResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.fs3.v1.RemoveChunksResult\"\x9d\x01\n\tChunkMeta\x12\x1e\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x0f.fs3.v1.ChunkId\x12\x12\n\ncommit_ver\x18\x02 \x01(\r\x12\x12\n\nupdate_ver\x18\x03 \x01(\r\x12\x11\n\tchain_ver\x18\x04 \x01(\r\x12\x0e\n\x06length\x18\x05 \x01(\r\x12\x10\n\x08\x63hecksum\x18\x06 \x01(\r\x12\x13\n\x0buncommitted\x18\x07 \x01(\x08\"f\n\x10SyncStartRequest\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\r\x12\x15\n\rchain_version\x18\x02 \x01(\r\x12\x11\n\ttarget_id\x18\x03 \x01(\x04\x12\x16\n\x0e\x66rom_target_id\x18\x04 \x01(\x04\"5\n\x11SyncStartResponse\x12 \n\x05metas\x18\x01 \x03(\x0b\x32\x11.fs3.v1.ChunkMeta\"e\n\x0fSyncDoneRequest\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\r\x12\x15\n\rchain_version\x18\x02 \x01(\r\x12\x11\n\ttarget_id\x18\x03 \x01(\x04\x12\x16\n\x0e\x66rom_target_id\x18\x04 \x01(\x04\"\x12\n\x10SyncDoneResponse\"\xc4\x01\n\x0bTargetSpace\x12\x11\n\ttarget_id\x18\x01 \x01(\x04\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x03 \x01(\x04\x12\x12\n\nfree_bytes\x18\x04 \x01(\x04\x12\x12\n\nused_bytes\x18\x05 \x01(\x04\x12\x13\n\x0b\x63hunk_count\x18\x06 \x01(\x04\x12\x10\n\x08\x63hain_id\x18\x07 \x01(\r\x12-\n\x0blocal_state\x18\x08 \x01(\x0e\x32\x18.fs3.v1.LocalTargetState\"\x12\n\x10SpaceInfoRequest\"9\n\x11SpaceInfoResponse\x12$\n\x07targets\x18\x01 \x03(\x0b\x32\x13.fs3.v1.TargetSpace\"G\n\x11ListChunksRequest\x12\x11\n\ttarget_id\x18\x01 \x01(\x04\x12\x10\n\x08\x63hain_id\x18\x02 \x01(\r\x12\r\n\x05inode\x18\x03 \x01(\x04\"I\n\x12ListChunksResponse\x12\x11\n\ttarget_id\x18\x01 \x01(\x04\x12 \n\x05metas\x18\x02 \x03(\x0b\x32\x11.fs3.v1.ChunkMeta*v\n\nUpdateType\x12\x1b\n\x17UPDATE_TYPE_UNSPECIFIED\x10\x00\x12\x10\n\x0cUPDATE_WRITE\x10\x01\x12\x13\n\x0fUPDATE_TRUNCATE\x10\x02\x12\x11\n\rUPDATE_EXTEND\x10\x03\x12\x11\n\rUPDATE_REMOVE\x10\x04\x32\xb6\x05\n\x0eStorageService\x12\x34\n\x05Write\x12\x14.fs3.v1.WriteRequest\x1a\x15.fs3.v1.WriteResponse\x12\x37\n\x06Update\x12\x15.fs3.v1.UpdateRequest\x1a\x16.fs3.v1.UpdateResponse\x12@\n\tBatchRead\x12\x18.fs3.v1.BatchReadRequest\x1a\x19.fs3.v1.BatchReadResponse\x12O\n\x0eQueryLastChunk\x12\x1d.fs3.v1.QueryLastChunkRequest\x1a\x1e.fs3.v1.QueryLastChunkResponse\x12O\n\x0eTruncateChunks\x12\x1d.fs3.v1.TruncateChunksRequest\x1a\x1e.fs3.v1.TruncateChunksResponse\x12I\n\x0cRemoveChunks\x12\x1b.fs3.v1.RemoveChunksRequest\x1a\x1c.fs3.v1.RemoveChunksResponse\x12@\n\tSyncStart\x12\x18.fs3.v1.SyncStartRequest\x1a\x19.fs3.v1.SyncStartResponse\x12=\n\x08SyncDone\x12\x17.fs3.v1.SyncDoneRequest\x1a\x18.fs3.v1.SyncDoneResponse\x12@\n\tSpaceInfo\x12\x18.fs3.v1.SpaceInfoRequest\x1a\x19.fs3.v1.SpaceInfoResponse\x12\x43\n\nListChunks\x12\x19.fs3.v1.ListChunksRequest\x1a\x1a.fs3.v1.ListChunksResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rstorage.proto\x12\x06\x66s3.v1\x1a\x0c\x63ommon.proto\x1a\x0bmgmtd.proto\x1a\x0ftransport.proto\"\'\n\x07\x43hunkId\x12\r\n\x05inode\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\"K\n\nChunkRange\x12\r\n\x05inode\x18\x01 \x01(\x04\x12\r\n\x05\x62\x65gin\x18\x02 \x01(\r\x12\x0b\n\x03\x65nd\x18\x03 \x01(\r\x12\x12\n\nmax_chunks\x18\x04 \x01(\r\"V\n\tUpdateTag\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\x12\x12\n\nchannel_id\x18\x03 \x01(\r\x12\x0e\n\x06seqnum\x18\x04 \x01(\x04\"\x82\x02\n\x08UpdateIO\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\r\x12\x15\n\rchain_version\x18\x02 \x01(\r\x12\x1e\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x0f.fs3.v1.ChunkId\x12 \n\x04type\x18\x04 \x01(\x0e\x32\x12.fs3.v1.UpdateType\x12\x0e\n\x06offset\x18\x05 \x01(\r\x12\x0e\n\x06length\x18\x06 \x01(\r\x12\x12\n\nchunk_size\x18\x07 \x01(\r\x12\x10\n\x08\x63hecksum\x18\x08 \x01(\r\x12\x1d\n\x04\x64\x61ta\x18\t \x01(\x0b\x32\x0f.fs3.v1.DataRef\x12\x12\n\nupdate_ver\x18\n \x01(\r\x12\x12\n\nfull_chunk\x18\x0b \x01(\x08\"\x84\x01\n\x08IOResult\x12\x0e\n\x06length\x18\x01 \x01(\r\x12\x12\n\ncommit_ver\x18\x02 \x01(\r\x12\x12\n\nupdate_ver\x18\x03 \x01(\r\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\r\x12\x18\n\x10\x63ommit_chain_ver\x18\x05 \x01(\r\x12\x14\n\x0c\x63hunk_length\x18\x06 \x01(\r\"t\n\x0cWriteRequest\x12\x1c\n\x02io\x18\x01 \x01(\x0b\x32\x10.fs3.v1.UpdateIO\x12\x1e\n\x03tag\x18\x02 \x01(\x0b\x32\x11.fs3.v1.UpdateTag\x12\x13\n\x0bretry_count\x18\x03 \x01(\r\x12\x11\n\ttarget_id\x18\x04 \x01(\x04\"1\n\rWriteResponse\x12 \n\x06result\x18\x01 \x01(\x0b\x32\x10.fs3.v1.IOResult\"\x8f\x01\n\rUpdateRequest\x12\x1c\n\x02io\x18\x01 \x01(\x0b\x32\x10.fs3.v1.UpdateIO\x12\x1e\n\x03tag\x18\x02 \x01(\x0b\x32\x11.fs3.v1.UpdateTag\x12\x12\n\nis_syncing\x18\x03 \x01(\x08\x12\x16\n\x0e\x66rom_target_id\x18\x04 \x01(\x04\x12\x14\n\x0cto_target_id\x18\x05 \x01(\x04\"2\n\x0eUpdateResponse\x12 \n\x06result\x18\x01 \x01(\x0b\x32\x10.fs3.v1.IOResult\"\xa3\x01\n\x06ReadIO\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\r\x12\x15\n\rchain_version\x18\x02 \x01(\r\x12\x1e\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x0f.fs3.v1.ChunkId\x12\x0e\n\x06offset\x18\x04 \x01(\r\x12\x0e\n\x06length\x18\x05 \x01(\r\x12\x1d\n\x04\x64\x65st\x18\x06 \x01(\x0b\x32\x0f.fs3.v1.DataRef\x12\x11\n\ttarget_id\x18\x07 \x01(\x04\"\xa2\x01\n\nReadResult\x12\"\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x13.fs3.v1.ErrorDetail\x12\x0e\n\x06length\x18\x02 \x01(\r\x12\x12\n\ncommit_ver\x18\x03 \x01(\r\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\r\x12\x14\n\x0c\x63hunk_length\x18\x05 \x01(\r\x12\x16\n\x0e\x63hunk_checksum\x18\x06 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\"f\n\x10\x42\x61tchReadRequest\x12\x1b\n\x03ios\x18\x01 \x03(\x0b\x32\x0e.fs3.v1.ReadIO\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\x04\x12\x0e\n\x06\x63\x61ncel\x18\x04 \x01(\x08\"L\n\x11\x42\x61tchReadResponse\x12#\n\x07results\x18\x01 \x03(\x0b\x32\x12.fs3.v1.ReadResult\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\"^\n\x10QueryLastChunkOp\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\r\x12\x15\n\rchain_version\x18\x02 \x01(\r\x12!\n\x05range\x18\x03 \x01(\x0b\x32\x12.fs3.v1.ChunkRange\"\xac\x01\n\x14QueryLastChunkResult\x12\"\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x13.fs3.v1.ErrorDetail\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\x12\x12\n\nlast_index\x18\x03 \x01(\r\x12\x13\n\x0blast_length\x18\x04 \x01(\r\x12\x14\n\x0ctotal_length\x18\x05 \x01(\x04\x12\x14\n\x0ctotal_chunks\x18\x06 \x01(\r\x12\x0c\n\x04more\x18\x07 \x01(\x08\">\n\x15QueryLastChunkRequest\x12%\n\x03ops\x18\x01 \x03(\x0b\x32\x18.fs3.v1.QueryLastChunkOp\"G\n\x16QueryLastChunkResponse\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.fs3.v1.QueryLastChunkResult\"\xb3\x01\n\x0fTruncateChunkOp\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\r\x12\x15\n\rchain_version\x18\x02 \x01(\r\x12\x1e\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x0f.fs3.v1.ChunkId\x12\x0e\n\x06length\x18\x04 \x01(\r\x12\x12\n\nchunk_size\x18\x05 \x01(\r\x12\x13\n\x0bonly_extend\x18\x06 \x01(\x08\x12\x1e\n\x03tag\x18\x07 \x01(\x0b\x32\x11.fs3.v1.UpdateTag\"[\n\x13TruncateChunkResult\x12\"\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x13.fs3.v1.ErrorDetail\x12 \n\x06result\x18\x02 \x01(\x0b\x32\x10.fs3.v1.IOResult\"=\n\x15TruncateChunksRequest\x12$\n\x03ops\x18\x01 \x03(\x0b\x32\x17.fs3.v1.TruncateChunkOp\"F\n\x16TruncateChunksResponse\x12,\n\x07results\x18\x01 \x03(\x0b\x32\x1b.fs3.v1.TruncateChunkResult\"|\n\x0eRemoveChunksOp\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\r\x12\x15\n\rchain_version\x18\x02 \x01(\r\x12!\n\x05range\x18\x03 \x01(\x0b\x32\x12.fs3.v1.ChunkRange\x12\x1e\n\x03tag\x18\x04 \x01(\x0b\x32\x11.fs3.v1.UpdateTag\"W\n\x12RemoveChunksResult\x12\"\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x13.fs3.v1.ErrorDetail\x12\x0f\n\x07removed\x18\x02 \x01(\r\x12\x0c\n\x04more\x18\x03 \x01(\x08\":\n\x13RemoveChunksRequest\x12#\n\x03ops\x18\x01 \x03(\x0b\x32\x16.fs3.v1.RemoveChunksOp\"C\n\x14RemoveChunksResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.fs3.v1.RemoveChunksResult\"\x9d\x01\n\tChunkMeta\x12\x1e\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x0f.fs3.v1.ChunkId\x12\x12\n\ncommit_ver\x18\x02 \x01(\r\x12\x12\n\nupdate_ver\x18\x03 \x01(\r\x12\x11\n\tchain_ver\x18\x04 \x01(\r\x12\x0e\n\x06length\x18\x05 \x01(\r\x12\x10\n\x08\x63hecksum\x18\x06 \x01(\r\x12\x13\n\x0buncommitted\x18\x07 \x01(\x08\"f\n\x10SyncStartRequest\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\r\x12\x15\n\rchain_version\x18\x02 \x01(\r\x12\x11\n\ttarget_id\x18\x03 \x01(\x04\x12\x16\n\x0e\x66rom_target_id\x18\x04 \x01(\x04\"5\n\x11SyncStartResponse\x12 \n\x05metas\x18\x01 \x03(\x0b\x32\x11.fs3.v1.ChunkMeta\"e\n\x0fSyncDoneRequest\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\r\x12\x15\n\rchain_version\x18\x02 \x01(\r\x12\x11\n\ttarget_id\x18\x03 \x01(\x04\x12\x16\n\x0e\x66rom_target_id\x18\x04 \x01(\x04\"\x12\n\x10SyncDoneResponse\"\xc4\x01\n\x0bTargetSpace\x12\x11\n\ttarget_id\x18\x01 \x01(\x04\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x03 \x01(\x04\x12\x12\n\nfree_bytes\x18\x04 \x01(\x04\x12\x12\n\nused_bytes\x18\x05 \x01(\x04\x12\x13\n\x0b\x63hunk_count\x18\x06 \x01(\x04\x12\x10\n\x08\x63hain_id\x18\x07 \x01(\r\x12-\n\x0blocal_state\x18\x08 \x01(\x0e\x32\x18.fs3.v1.LocalTargetState\"\x12\n\x10SpaceInfoRequest\"9\n\x11SpaceInfoResponse\x12$\n\x07targets\x18\x01 \x03(\x0b\x32\x13.fs3.v1.TargetSpace\"G\n\x11ListChunksRequest\x12\x11\n\ttarget_id\x18\x01 \x01(\x04\x12\x10\n\x08\x63hain_id\x18\x02 \x01(\r\x12\r\n\x05inode\x18\x03 \x01(\x04\"I\n\x12ListChunksResponse\x12\x11\n\ttarget_id\x18\x01 \x01(\x04\x12 \n\x05metas\x18\x02 \x03(\x0b\x32\x11.fs3.v1.ChunkMeta*v\n\nUpdateType\x12\x1b\n\x17UPDATE_TYPE_UNSPECIFIED\x10\x00\x12\x10\n\x0cUPDATE_WRITE\x10\x01\x12\x13\n\x0fUPDATE_TRUNCATE\x10\x02\x12\x11\n\rUPDATE_EXTEND\x10\x03\x12\x11\n\rUPDATE_REMOVE\x10\x04\x32\xfd\x05\n\x0eStorageService\x12\x34\n\x05Write\x12\x14.fs3.v1.WriteRequest\x1a\x15.fs3.v1.WriteResponse\x12\x37\n\x06Update\x12\x15.fs3.v1.UpdateRequest\x1a\x16.fs3.v1.UpdateResponse\x12@\n\tBatchRead\x12\x18.fs3.v1.BatchReadRequest\x1a\x19.fs3.v1.BatchReadResponse\x12\x45\n\nReadStream\x12\x18.fs3.v1.BatchReadRequest\x1a\x19.fs3.v1.BatchReadResponse(\x01\x30\x01\x12O\n\x0eQueryLastChunk\x12\x1d.fs3.v1.QueryLastChunkRequest\x1a\x1e.fs3.v1.QueryLastChunkResponse\x12O\n\x0eTruncateChunks\x12\x1d.fs3.v1.TruncateChunksRequest\x1a\x1e.fs3.v1.TruncateChunksResponse\x12I\n\x0cRemoveChunks\x12\x1b.fs3.v1.RemoveChunksRequest\x1a\x1c.fs3.v1.RemoveChunksResponse\x12@\n\tSyncStart\x12\x18.fs3.v1.SyncStartRequest\x1a\x19.fs3.v1.SyncStartResponse\x12=\n\x08SyncDone\x12\x17.fs3.v1.SyncDoneRequest\x1a\x18.fs3.v1.SyncDoneResponse\x12@\n\tSpaceInfo\x12\x18.fs3.v1.SpaceInfoRequest\x1a\x19.fs3.v1.SpaceInfoResponse\x12\x43\n\nListChunks\x12\x19.fs3.v1.ListChunksRequest\x1a\x1a.fs3.v1.ListChunksResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'storage_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_UPDATETYPE']._serialized_start=3525
-  _globals['_UPDATETYPE']._serialized_end=3643
+  _globals['_UPDATETYPE']._serialized_start=3581
+  _globals['_UPDATETYPE']._serialized_end=3699
   _globals['_CHUNKID']._serialized_start=69
   _globals['_CHUNKID']._serialized_end=108
   _globals['_CHUNKRANGE']._serialized_start=110
@@ -59,53 +59,53 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_READRESULT']._serialized_start=1205
   _globals['_READRESULT']._serialized_end=1367
   _globals['_BATCHREADREQUEST']._serialized_start=1369
-  _globals['_BATCHREADREQUEST']._serialized_end=1435
-  _globals['_BATCHREADRESPONSE']._serialized_start=1437
-  _globals['_BATCHREADRESPONSE']._serialized_end=1493
-  _globals['_QUERYLASTCHUNKOP']._serialized_start=1495
-  _globals['_QUERYLASTCHUNKOP']._serialized_end=1589
-  _globals['_QUERYLASTCHUNKRESULT']._serialized_start=1592
-  _globals['_QUERYLASTCHUNKRESULT']._serialized_end=1764
-  _globals['_QUERYLASTCHUNKREQUEST']._serialized_start=1766
-  _globals['_QUERYLASTCHUNKREQUEST']._serialized_end=1828
-  _globals['_QUERYLASTCHUNKRESPONSE']._serialized_start=1830
-  _globals['_QUERYLASTCHUNKRESPONSE']._serialized_end=1901
-  _globals['_TRUNCATECHUNKOP']._serialized_start=1904
-  _globals['_TRUNCATECHUNKOP']._serialized_end=2083
-  _globals['_TRUNCATECHUNKRESULT']._serialized_start=2085
-  _globals['_TRUNCATECHUNKRESULT']._serialized_end=2176
-  _globals['_TRUNCATECHUNKSREQUEST']._serialized_start=2178
-  _globals['_TRUNCATECHUNKSREQUEST']._serialized_end=2239
-  _globals['_TRUNCATECHUNKSRESPONSE']._serialized_start=2241
-  _globals['_TRUNCATECHUNKSRESPONSE']._serialized_end=2311
-  _globals['_REMOVECHUNKSOP']._serialized_start=2313
-  _globals['_REMOVECHUNKSOP']._serialized_end=2437
-  _globals['_REMOVECHUNKSRESULT']._serialized_start=2439
-  _globals['_REMOVECHUNKSRESULT']._serialized_end=2526
-  _globals['_REMOVECHUNKSREQUEST']._serialized_start=2528
-  _globals['_REMOVECHUNKSREQUEST']._serialized_end=2586
-  _globals['_REMOVECHUNKSRESPONSE']._serialized_start=2588
-  _globals['_REMOVECHUNKSRESPONSE']._serialized_end=2655
-  _globals['_CHUNKMETA']._serialized_start=2658
-  _globals['_CHUNKMETA']._serialized_end=2815
-  _globals['_SYNCSTARTREQUEST']._serialized_start=2817
-  _globals['_SYNCSTARTREQUEST']._serialized_end=2919
-  _globals['_SYNCSTARTRESPONSE']._serialized_start=2921
-  _globals['_SYNCSTARTRESPONSE']._serialized_end=2974
-  _globals['_SYNCDONEREQUEST']._serialized_start=2976
-  _globals['_SYNCDONEREQUEST']._serialized_end=3077
-  _globals['_SYNCDONERESPONSE']._serialized_start=3079
-  _globals['_SYNCDONERESPONSE']._serialized_end=3097
-  _globals['_TARGETSPACE']._serialized_start=3100
-  _globals['_TARGETSPACE']._serialized_end=3296
-  _globals['_SPACEINFOREQUEST']._serialized_start=3298
-  _globals['_SPACEINFOREQUEST']._serialized_end=3316
-  _globals['_SPACEINFORESPONSE']._serialized_start=3318
-  _globals['_SPACEINFORESPONSE']._serialized_end=3375
-  _globals['_LISTCHUNKSREQUEST']._serialized_start=3377
-  _globals['_LISTCHUNKSREQUEST']._serialized_end=3448
-  _globals['_LISTCHUNKSRESPONSE']._serialized_start=3450
-  _globals['_LISTCHUNKSRESPONSE']._serialized_end=3523
-  _globals['_STORAGESERVICE']._serialized_start=3646
-  _globals['_STORAGESERVICE']._serialized_end=4340
+  _globals['_BATCHREADREQUEST']._serialized_end=1471
+  _globals['_BATCHREADRESPONSE']._serialized_start=1473
+  _globals['_BATCHREADRESPONSE']._serialized_end=1549
+  _globals['_QUERYLASTCHUNKOP']._serialized_start=1551
+  _globals['_QUERYLASTCHUNKOP']._serialized_end=1645
+  _globals['_QUERYLASTCHUNKRESULT']._serialized_start=1648
+  _globals['_QUERYLASTCHUNKRESULT']._serialized_end=1820
+  _globals['_QUERYLASTCHUNKREQUEST']._serialized_start=1822
+  _globals['_QUERYLASTCHUNKREQUEST']._serialized_end=1884
+  _globals['_QUERYLASTCHUNKRESPONSE']._serialized_start=1886
+  _globals['_QUERYLASTCHUNKRESPONSE']._serialized_end=1957
+  _globals['_TRUNCATECHUNKOP']._serialized_start=1960
+  _globals['_TRUNCATECHUNKOP']._serialized_end=2139
+  _globals['_TRUNCATECHUNKRESULT']._serialized_start=2141
+  _globals['_TRUNCATECHUNKRESULT']._serialized_end=2232
+  _globals['_TRUNCATECHUNKSREQUEST']._serialized_start=2234
+  _globals['_TRUNCATECHUNKSREQUEST']._serialized_end=2295
+  _globals['_TRUNCATECHUNKSRESPONSE']._serialized_start=2297
+  _globals['_TRUNCATECHUNKSRESPONSE']._serialized_end=2367
+  _globals['_REMOVECHUNKSOP']._serialized_start=2369
+  _globals['_REMOVECHUNKSOP']._serialized_end=2493
+  _globals['_REMOVECHUNKSRESULT']._serialized_start=2495
+  _globals['_REMOVECHUNKSRESULT']._serialized_end=2582
+  _globals['_REMOVECHUNKSREQUEST']._serialized_start=2584
+  _globals['_REMOVECHUNKSREQUEST']._serialized_end=2642
+  _globals['_REMOVECHUNKSRESPONSE']._serialized_start=2644
+  _globals['_REMOVECHUNKSRESPONSE']._serialized_end=2711
+  _globals['_CHUNKMETA']._serialized_start=2714
+  _globals['_CHUNKMETA']._serialized_end=2871
+  _globals['_SYNCSTARTREQUEST']._serialized_start=2873
+  _globals['_SYNCSTARTREQUEST']._serialized_end=2975
+  _globals['_SYNCSTARTRESPONSE']._serialized_start=2977
+  _globals['_SYNCSTARTRESPONSE']._serialized_end=3030
+  _globals['_SYNCDONEREQUEST']._serialized_start=3032
+  _globals['_SYNCDONEREQUEST']._serialized_end=3133
+  _globals['_SYNCDONERESPONSE']._serialized_start=3135
+  _globals['_SYNCDONERESPONSE']._serialized_end=3153
+  _globals['_TARGETSPACE']._serialized_start=3156
+  _globals['_TARGETSPACE']._serialized_end=3352
+  _globals['_SPACEINFOREQUEST']._serialized_start=3354
+  _globals['_SPACEINFOREQUEST']._serialized_end=3372
+  _globals['_SPACEINFORESPONSE']._serialized_start=3374
+  _globals['_SPACEINFORESPONSE']._serialized_end=3431
+  _globals['_LISTCHUNKSREQUEST']._serialized_start=3433
+  _globals['_LISTCHUNKSREQUEST']._serialized_end=3504
+  _globals['_LISTCHUNKSRESPONSE']._serialized_start=3506
+  _globals['_LISTCHUNKSRESPONSE']._serialized_end=3579
+  _globals['_STORAGESERVICE']._serialized_start=3702
+  _globals['_STORAGESERVICE']._serialized_end=4467
 # @@protoc_insertion_point(module_scope)

@@ -172,18 +172,24 @@ class ReadResult(_message.Message):
     def __init__(self, error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ..., length: _Optional[int] = ..., commit_ver: _Optional[int] = ..., checksum: _Optional[int] = ..., chunk_length: _Optional[int] = ..., chunk_checksum: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class BatchReadRequest(_message.Message):
-    __slots__ = ("ios", "client_id")
+    __slots__ = ("ios", "client_id", "request_id", "cancel")
     IOS_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
     ios: _containers.RepeatedCompositeFieldContainer[ReadIO]
     client_id: str
-    def __init__(self, ios: _Optional[_Iterable[_Union[ReadIO, _Mapping]]] = ..., client_id: _Optional[str] = ...) -> None: ...
+    request_id: int
+    cancel: bool
+    def __init__(self, ios: _Optional[_Iterable[_Union[ReadIO, _Mapping]]] = ..., client_id: _Optional[str] = ..., request_id: _Optional[int] = ..., cancel: _Optional[bool] = ...) -> None: ...
 
 class BatchReadResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "request_id")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[ReadResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[ReadResult, _Mapping]]] = ...) -> None: ...
+    request_id: int
+    def __init__(self, results: _Optional[_Iterable[_Union[ReadResult, _Mapping]]] = ..., request_id: _Optional[int] = ...) -> None: ...
 
 class QueryLastChunkOp(_message.Message):
     __slots__ = ("chain_id", "chain_version", "range")

@@ -49,6 +49,11 @@ class StorageServiceStub:
                 request_serializer=storage__pb2.BatchReadRequest.SerializeToString,
                 response_deserializer=storage__pb2.BatchReadResponse.FromString,
                 _registered_method=True)
+        self.ReadStream = channel.stream_stream(
+                '/fs3.v1.StorageService/ReadStream',
+                request_serializer=storage__pb2.BatchReadRequest.SerializeToString,
+                response_deserializer=storage__pb2.BatchReadResponse.FromString,
+                _registered_method=True)
         self.QueryLastChunk = channel.unary_unary(
                 '/fs3.v1.StorageService/QueryLastChunk',
                 request_serializer=storage__pb2.QueryLastChunkRequest.SerializeToString,
@@ -105,6 +110,16 @@ class StorageServiceServicer:
 
     def BatchRead(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadStream(self, request_iterator, context):
+        """Long-lived read stream (one per client per node): each request is served
+        concurrently and answered, in completion order, by a response carrying its
+        request_id. A bad request gets an error in its own results; the stream
+        survives. Saves the per-call cost of a unary RPC on the data path.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -166,6 +181,11 @@ def add_StorageServiceServicer_to_server(servicer, server):
             ),
             'BatchRead': grpc.unary_unary_rpc_method_handler(
                     servicer.BatchRead,
+                    request_deserializer=storage__pb2.BatchReadRequest.FromString,
+                    response_serializer=storage__pb2.BatchReadResponse.SerializeToString,
+            ),
+            'ReadStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ReadStream,
                     request_deserializer=storage__pb2.BatchReadRequest.FromString,
                     response_serializer=storage__pb2.BatchReadResponse.SerializeToString,
             ),
@@ -284,6 +304,33 @@ class StorageService:
             request,
             target,
             '/fs3.v1.StorageService/BatchRead',
+            storage__pb2.BatchReadRequest.SerializeToString,
+            storage__pb2.BatchReadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fs3.v1.StorageService/ReadStream',
             storage__pb2.BatchReadRequest.SerializeToString,
             storage__pb2.BatchReadResponse.FromString,
             options,

@@ -8,12 +8,14 @@ with :mod:`fs3.rpc.status`, so callers only ever handle fs3 errors.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
 from grpc import aio
 
+from fs3.errors import Code, FsError
 from fs3.rpc.server import MAX_MESSAGE_BYTES
 from fs3.rpc.status import from_rpc_error
 
@@ -95,3 +97,51 @@ def call_sync(
         return method(request, timeout=timeout)
     except grpc.RpcError as e:
         raise from_rpc_error(e, what) from None
+
+
+class BidiStream:
+    """A long-lived grpc.aio bidirectional stream whose failures surface as ``FsError``.
+
+    Why a wrapper: only fs3/rpc may touch grpc, yet the storage client keeps one
+    read stream per node open for its whole life. ``method(requests)`` starts
+    the call at once (no deadline: per-message timeouts are the caller's); the
+    call consumes ``requests`` in gRPC's own task, so the caller has one writer
+    (its async iterator) and reads answers with :meth:`responses`.
+    """
+
+    def __init__(self, method: Callable[..., Any], requests: Any = None, *, what: str = "") -> None:
+        self.what = what or _method_name(method)
+        self._call = method(requests) if requests is not None else method()
+
+    async def write(self, request: Any) -> None:
+        """Send one message (only without a ``requests`` iterator; one write at a time)."""
+        try:
+            await self._call.write(request)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, self.what) from None
+        except asyncio.InvalidStateError:
+            raise FsError(Code.UNAVAILABLE, f"{self.what}: stream closed", retryable=True) from None
+
+    async def done_writing(self) -> None:
+        """Half-close: the server sees the end of the request stream."""
+        with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+            await self._call.done_writing()
+
+    async def responses(self) -> Any:
+        """Answers until the server ends the stream; a failure raises ``FsError``.
+
+        A locally cancelled call (:meth:`cancel`, channel closed) ends with
+        ``asyncio.CancelledError`` as grpc.aio does.
+        """
+        try:
+            async for item in self._call:
+                yield item
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, self.what) from None
+
+    def cancel(self) -> None:
+        """Abort the call (the server's handler is cancelled too)."""
+        self._call.cancel()
+
+    def done(self) -> bool:
+        return bool(self._call.done())

@@ -6,6 +6,7 @@ Thin on purpose (3FS ``StorageSerdeService``): no logic, no grpc imports;
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 from fs3.proto import storage_pb2, storage_pb2_grpc
@@ -30,6 +31,12 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         self, request: storage_pb2.BatchReadRequest, context: Any
     ) -> storage_pb2.BatchReadResponse:
         return await self.op.batch_read(request)
+
+    async def ReadStream(
+        self, request_iterator: AsyncIterable[storage_pb2.BatchReadRequest], context: Any
+    ) -> AsyncIterator[storage_pb2.BatchReadResponse]:
+        async for resp in self.op.read_stream(request_iterator):
+            yield resp
 
     async def QueryLastChunk(
         self, request: storage_pb2.QueryLastChunkRequest, context: Any
