@@ -160,6 +160,8 @@ class StorageSection:
     low_space_ratio: float = 0.98  # refuse new chunks above this used fraction
     reserved_bytes: int = 0  # keep this much free on each target's disk
     io_threads: int = 16  # blocking chunk I/O pool per node (stage, data sync, commit, large reads)
+    overlap_forward: bool = True  # forward a plain write down the chain while staging it locally
+    direct_write: bool = True  # O_DIRECT for whole page-aligned chunk versions (saves a copy)
 
     def validate(self) -> None:
         _check(1 <= self.io_threads <= 256, "io_threads must be in 1..256")

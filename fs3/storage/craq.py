@@ -346,9 +346,13 @@ class Replicator:
             if meta is None and io.type == WRITE:
                 self._check_low_space(t)
             uv = (meta.commit_ver if meta else 0) + 1
-            p = await self.stage(t, key, io, data, uv, t.chain_version)
-            p.tag = tag_t
-            res = await self.forward_and_commit(t, p, io, data)
+            succ = self._overlap_successor(t, io)
+            if succ is not None:
+                res = await self.overlapped_write(t, succ, key, io, data, uv, meta, tag=tag_t)
+            else:
+                p = await self.stage(t, key, io, data, uv, t.chain_version)
+                p.tag = tag_t
+                res = await self.forward_and_commit(t, p, io, data)
             if io.type == WRITE:
                 res.length = io.length
             return res
@@ -393,6 +397,9 @@ class Replicator:
                         Code.MISSING_UPDATE,
                         f"chunk {key} on target {t.target_id}: update {io.update_ver} after committed {cv}",
                     )
+            succ = None if req.is_syncing else self._overlap_successor(t, io)
+            if succ is not None:
+                return await self.overlapped_write(t, succ, key, io, data, io.update_ver, meta)
             p = await self.stage(
                 t, key, io, data, io.update_ver, io.chain_version, replace_all=full
             )
@@ -404,6 +411,126 @@ class Replicator:
             return await self.forward_and_commit(t, p, io, data, redrive=io.full_chunk)
 
     # ------------------------------------------------------------------ steps
+
+    def _overlap_successor(self, t: StorageTarget, io: storage_pb2.UpdateIO) -> int | None:
+        """The successor a plain write may be forwarded to before it is staged here, or None.
+
+        Only ordinary writes to a serving successor qualify: full-chunk forwarding
+        (re-drive, a SYNCING successor) needs the staged content, so it stages first.
+        """
+        if io.type != WRITE or io.full_chunk or not self.cfg.overlap_forward:
+            return None
+        routing = self.targets.routing
+        try:
+            succ = routing.successor(t.chain_id, t.target_id)
+            if succ is None or routing.target_state(t.chain_id, succ) != SERVING:
+                return None
+        except FsError:
+            return None
+        return succ
+
+    async def overlapped_write(
+        self,
+        t: StorageTarget,
+        succ: int,
+        key: ChunkKey,
+        io: storage_pb2.UpdateIO,
+        data: bytes | bytearray | memoryview,
+        update_ver: int,
+        meta: ChunkMeta | None,
+        *,
+        tag: tuple[str, int, int] | None = None,
+    ) -> storage_pb2.IOResult:
+        """A plain write with a serving successor: forward it *while* staging it here.
+
+        The local stage, data sync and durable metadata row (``prepare``) run in one
+        I/O-pool hop concurrently with the successor's whole path, so a replica adds
+        only its RPC hop to the write's latency, not its disk work. Nothing is
+        published (or acknowledged) before both sides are done and the successor's
+        chunk checksum matches ours. Space is checked before anything is sent; if
+        staging still fails while the successor may have taken the update, this
+        target fails stop (like a failed sync), so the chain never serves a fork.
+        Any forwarding error falls back to :meth:`forward_and_commit` (retries,
+        full-chunk re-drive, abort on a definite refusal) with the staged update.
+        """
+        eng = t.engine
+        old_len = meta.length if meta is not None else 0
+        eng.check_room(io.offset + io.length - old_len)
+        cv = t.chain_version
+        local = asyncio.ensure_future(
+            self._stage_call(
+                eng.stage_write,
+                key,
+                io.offset,
+                data,
+                update_ver=update_ver,
+                chain_ver=cv,
+                chunk_size=io.chunk_size,
+                checksum=io.checksum,
+                sync=False,
+                prepare_cv=cv,
+            )
+        )
+        first: storage_pb2.IOResult | FsError
+        try:
+            try:
+                first = await self._send(
+                    t,
+                    succ,
+                    PendingUpdate(key, update_ver, cv, False),
+                    io,
+                    data,
+                    full=False,
+                    staged=False,
+                )
+            except FsError as e:
+                first = e
+            try:
+                p = await asyncio.shield(local)
+            except FsError as e:
+                refused = isinstance(first, FsError) and not first.retryable
+                if not refused and self.targets.disk_error(
+                    t, f"staging a forwarded write failed: {e.message}"
+                ):
+                    self.on_local_change()
+                raise
+        finally:
+            if not local.done():
+                await asyncio.wait([local])  # never abandon a running stage of this chunk
+        p.tag = tag
+        if isinstance(first, FsError):
+            return await self.forward_and_commit(t, p, io, data)
+        if first.checksum != p.checksum:
+            M.CHECKSUM_ERRORS.labels(str(t.target_id), "replica").inc()
+            raise FsError(
+                Code.CHECKSUM_MISMATCH,
+                f"chunk {p.key}: successor {succ} has checksum {first.checksum:#010x}, we have {p.checksum:#010x}",
+                retryable=False,
+            )
+        return await self._commit_local(t, p)
+
+    async def _stage_call(
+        self, fn: Callable[..., PendingUpdate], *args: Any, prepare_cv: int | None, **kw: Any
+    ) -> PendingUpdate:
+        """Run the engine's ``fn`` (a stage method) in the I/O pool, then prepare in the same hop.
+
+        ``prepare_cv``: make the staged update durable (data and row) right away
+        with this chain version — the tail, which has nothing to overlap it with.
+        """
+        eng = getattr(fn, "__self__", None)
+
+        def work() -> PendingUpdate:
+            p = fn(*args, **kw)
+            if prepare_cv is not None and eng is not None:
+                eng.prepare(p, prepare_cv)
+            return p
+
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self.executor, work)
+        except FsError as e:
+            self.note_disk_error(fn, e)
+            raise
 
     async def stage(
         self,
@@ -418,17 +545,19 @@ class Replicator:
     ) -> PendingUpdate:
         """Stage the update locally.
 
-        With a successor, a write's data sync is left to :meth:`forward_and_commit`
-        (overlapped with forwarding); the tail syncs right away in the same
-        thread hop, as there is nothing to overlap with.
+        With a successor, making it durable (data sync + metadata row, see
+        ``ChunkEngine.prepare``) is left to :meth:`forward_and_commit`, overlapped
+        with forwarding; the tail does it right away in the same thread hop, as
+        there is nothing to overlap with.
         """
         eng = t.engine
+        try:
+            defer = self.targets.routing.successor(t.chain_id, t.target_id) is not None
+        except FsError:
+            defer = False
+        prepare_cv = None if defer else t.chain_version
         if io.type == WRITE:
-            try:
-                defer = self.targets.routing.successor(t.chain_id, t.target_id) is not None
-            except FsError:
-                defer = False
-            return await self.run_blocking(
+            return await self._stage_call(
                 eng.stage_write,
                 key,
                 io.offset,
@@ -439,9 +568,10 @@ class Replicator:
                 replace_all=replace_all,
                 checksum=io.checksum,
                 sync=not defer,
+                prepare_cv=prepare_cv,
             )
         if io.type in (TRUNCATE, EXTEND):
-            return await self.run_blocking(
+            return await self._stage_call(
                 eng.stage_truncate,
                 key,
                 io.length,
@@ -449,9 +579,14 @@ class Replicator:
                 chain_ver=chain_ver,
                 chunk_size=io.chunk_size,
                 only_extend=io.type == EXTEND,
+                prepare_cv=prepare_cv,
             )
-        return await self.run_blocking(
-            eng.stage_remove, key, update_ver=update_ver, chain_ver=chain_ver
+        return await self._stage_call(
+            eng.stage_remove,
+            key,
+            update_ver=update_ver,
+            chain_ver=chain_ver,
+            prepare_cv=prepare_cv,
         )
 
     async def forward_and_commit(
@@ -465,17 +600,19 @@ class Replicator:
     ) -> storage_pb2.IOResult:
         """Forward ``p`` to the successor (retrying across chain changes), then commit it.
 
-        If the staged data is not durable yet, its ``fdatasync`` runs in the I/O
-        pool *while* the update travels down the chain, so the replicas' syncs
-        overlap instead of adding up. The local commit (and so the ack) still
-        waits for it: nothing is acknowledged before every replica on the path
-        has its data durable. A failed sync takes this target out of service
+        If the staged update is not durable yet, it is *prepared* (``fdatasync`` of
+        the data, then its metadata row written and fsync'd, unpublished) in the
+        I/O pool *while* the update travels down the chain, so the replicas'
+        syncs overlap instead of adding up and the commit on the way back is a
+        memory-only publish. The local commit (and so the ack) still waits for
+        it: nothing is acknowledged before every replica on the path has the
+        version durable. A failed sync takes this target out of service
         (fail-stop): a successor may already have committed the version, and a
         chain without us stays consistent.
         """
         sync: asyncio.Future[None] | None = None
-        if not p.synced:
-            sync = asyncio.ensure_future(self.run_blocking(t.engine.sync_pending, p))
+        if not t.engine.is_published_cheaply(p, t.chain_version):
+            sync = asyncio.ensure_future(self.run_blocking(t.engine.prepare, p, t.chain_version))
         try:
             return await self._forward_and_commit(t, p, io, data, redrive=redrive, sync=sync)
         finally:
@@ -493,7 +630,11 @@ class Replicator:
         try:
             await asyncio.shield(sync)
         except FsError as e:
-            if self.targets.disk_error(t, f"sync of staged data failed: {e.message}"):
+            # NO_SPACE (metadata row) leaves the update pending (re-driven later), as a
+            # failed commit does; anything else means the disk state is unknown.
+            if e.code != Code.NO_SPACE and self.targets.disk_error(
+                t, f"sync of staged data failed: {e.message}"
+            ):
                 self.on_local_change()
             if not quiet:
                 raise
@@ -558,7 +699,23 @@ class Replicator:
                 )
             break
         await self._wait_sync(t, sync)
-        meta = await self.run_blocking(t.engine.commit, p, t.chain_version)
+        return await self._commit_local(t, p)
+
+    async def _commit_local(self, t: StorageTarget, p: PendingUpdate) -> storage_pb2.IOResult:
+        """Commit ``p`` here (its successors have it); memory-only if it was prepared."""
+        cv = t.chain_version
+        if t.engine.is_published_cheaply(p, cv):
+            # Memory only: no thread hop; the superseded file is deleted off the path.
+            meta, old = t.engine.publish_prepared(p, cv)
+            if old:
+                try:
+                    asyncio.get_running_loop().run_in_executor(
+                        self.executor, t.engine.drop_files, old
+                    )
+                except RuntimeError:  # the pool is shutting down: delete them here
+                    t.engine.drop_files(old)
+        else:
+            meta = await self.run_blocking(t.engine.commit, p, cv)
         return io_result(meta, update_ver=p.update_ver)
 
     async def _send(
@@ -570,10 +727,17 @@ class Replicator:
         data: bytes | bytearray | memoryview,
         *,
         full: bool,
+        staged: bool = True,
     ) -> storage_pb2.IOResult:
+        """Send ``p`` to ``succ``; ``staged=False``: ``p`` is not staged here yet (overlapped)."""
         routing = self.targets.routing
         node = routing.node_of_target(succ)
         syncing = routing.target_state(t.chain_id, succ) == SYNCING
+        if not staged and (syncing or full or io is None or p.remove):
+            # Full-chunk forwarding needs the staged content: let the caller retry staged.
+            raise FsError(
+                Code.TARGET_NOT_SERVING, f"target {succ} needs a full chunk", retryable=True
+            )
         fio = storage_pb2.UpdateIO(
             chain_id=t.chain_id,
             chain_version=t.chain_version,

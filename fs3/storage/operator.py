@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 
 from fs3.client.routing import SERVING, SYNCING
 from fs3.errors import Code, FsError, invalid
@@ -30,6 +31,9 @@ from fs3.storage.target import L_ONLINE, StorageTarget, TargetMap
 log = logging.getLogger("fs3.storage.operator")
 
 MAX_READ_IOS = 1024
+# Requests (batches) of one ReadStream served at once; the stream stops reading
+# further requests until one finishes (flow control back to the client).
+READ_STREAM_MAX_INFLIGHT = 64
 INLINE_READ_MAX = 64 << 10  # reads up to this size run on the event loop (page-cache preads)
 _ALL = 0xFFFFFFFF
 
@@ -148,6 +152,90 @@ class StorageOperator:
             return storage_pb2.BatchReadResponse(results=[await self._read_one(req.ios[0])])
         results = await asyncio.gather(*(self._read_one(io) for io in req.ios))
         return storage_pb2.BatchReadResponse(results=results)
+
+    async def read_stream(
+        self,
+        requests: AsyncIterable[storage_pb2.BatchReadRequest],
+        max_inflight: int = READ_STREAM_MAX_INFLIGHT,
+    ) -> AsyncIterator[storage_pb2.BatchReadResponse]:
+        """Serve a ReadStream: every request concurrently, answers in completion order.
+
+        Why: a unary ``BatchRead`` costs about 1 ms of gRPC CPU per side here; a
+        message on an open stream about a third of that. Each request runs through
+        :meth:`batch_read` (same per-io semantics) in its own task, at most
+        ``max_inflight`` at once; this generator is the stream's only writer and
+        tags every response with its request's ``request_id``. A request that fails
+        as a whole (too many ios, a bug) is answered with that error in every
+        result, so one bad request never ends the stream. A ``cancel`` message
+        (the client's timeout for that request passed) cancels that request's task
+        and it gets no answer, as a unary deadline would. When the client goes
+        away gRPC cancels this generator and the ``finally`` cancels every task.
+        """
+        out: asyncio.Queue[storage_pb2.BatchReadResponse | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(max(1, max_inflight))
+        tasks: dict[int, asyncio.Task[None]] = {}  # request_id -> its task
+
+        async def serve(req: storage_pb2.BatchReadRequest) -> None:
+            try:
+                try:
+                    resp = await self.batch_read(req)
+                except FsError as e:
+                    resp = self._failed_batch(req, e)
+                except Exception as e:  # a bug must not end the stream: answer INTERNAL
+                    log.exception("read stream request %d failed", req.request_id)
+                    resp = self._failed_batch(
+                        req, FsError(Code.INTERNAL, f"read failed: {type(e).__name__}: {e}")
+                    )
+                resp.request_id = req.request_id
+                out.put_nowait(resp)
+            finally:
+                slots.release()
+
+        async def pump() -> None:
+            try:
+                async for req in requests:
+                    if req.cancel:  # the client gave up on it (its timeout): like a unary deadline
+                        victim = tasks.get(req.request_id)
+                        if victim is not None:
+                            victim.cancel()
+                        continue
+                    await slots.acquire()
+                    rid = req.request_id
+                    t = asyncio.create_task(serve(req))
+                    tasks[rid] = t
+                    t.add_done_callback(functools.partial(_forget, rid))
+                # The client half-closed: finish what is in flight, then end the stream.
+                while tasks:
+                    await asyncio.gather(*list(tasks.values()), return_exceptions=True)
+            finally:
+                out.put_nowait(None)
+
+        def _forget(rid: int, t: asyncio.Task[None]) -> None:
+            if tasks.get(rid) is t:
+                del tasks[rid]
+
+        pumper = asyncio.create_task(pump())
+        try:
+            while True:
+                resp = await out.get()
+                if resp is None:
+                    break
+                yield resp
+            await pumper  # re-raises a failure to read the request stream
+        finally:
+            pending = [pumper, *tasks.values()]
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    @staticmethod
+    def _failed_batch(
+        req: storage_pb2.BatchReadRequest, e: FsError
+    ) -> storage_pb2.BatchReadResponse:
+        detail = error_detail(e)
+        return storage_pb2.BatchReadResponse(
+            results=[storage_pb2.ReadResult(error=detail) for _ in req.ios]
+        )
 
     async def _read_one(self, io: storage_pb2.ReadIO) -> storage_pb2.ReadResult:
         started = time.perf_counter()

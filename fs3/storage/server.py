@@ -116,7 +116,10 @@ class StorageNode:
         for tid, d in target_layout(cfg):
             os.makedirs(d, exist_ok=True)
             eng = FileChunkEngine(
-                d, fsync=cfg.storage.fsync, reserved_bytes=cfg.storage.reserved_bytes
+                d,
+                fsync=cfg.storage.fsync,
+                reserved_bytes=cfg.storage.reserved_bytes,
+                direct_write=cfg.storage.direct_write,
             )
             targets.append(StorageTarget(tid, d, eng))
         self.targets = TargetMap(targets)
