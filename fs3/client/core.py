@@ -71,6 +71,7 @@ log = logging.getLogger("fs3.client")
 ROOT_INODE = 1
 MAX_SYMLINK_FOLLOW = 40
 NAME_MAX = 255
+LOOKUP_PATH_MAX = 64  # names per LookupPath RPC (meta's limit)
 
 # SetAttr valid bits (meta.proto SetAttrField), re-exported for callers.
 SETATTR_MODE = meta_pb2.SETATTR_MODE
@@ -323,6 +324,7 @@ class AsyncClient:
         await self.routing_watcher.stop()
         with contextlib.suppress(Exception):
             await self.transport.close()
+        await self.storage.close()  # its read streams live on the pool's channels
         await self._pool.close()
         with contextlib.suppress(Exception):
             await self.mgmtd.close()
@@ -452,6 +454,7 @@ class AsyncClient:
                 rdev=rdev,
             ),
         )
+        self._parent_changed(r)
         return r.attr
 
     async def mkdir(
@@ -468,6 +471,7 @@ class AsyncClient:
                 mode=mode,
             ),
         )
+        self._parent_changed(r)
         return r.attr
 
     async def symlink(
@@ -484,7 +488,16 @@ class AsyncClient:
                 target=_name(target),
             ),
         )
+        self._parent_changed(r)
         return r.attr
+
+    def _parent_changed(self, r: Any) -> None:
+        """Hook: a namespace op's reply carried its parent directory's new attributes.
+
+        Meta returns them (``parent_attr``) with every op that adds or removes an
+        entry; the FUSE daemon keeps them to answer the kernel's GetAttr of that
+        directory (see ``fs3.fuse.ops.FuseClient``). No-op here.
+        """
 
     async def readlink(self, caller: Caller, inode: int) -> bytes:
         """The target of symlink ``inode`` (EINVAL if not a symlink)."""
@@ -507,29 +520,34 @@ class AsyncClient:
                 new_name=_name(new_name),
             ),
         )
+        self._parent_changed(r)
         return self._overlay(r.attr)
 
     async def unlink(
         self, caller: Caller, parent: int, name: str | bytes
     ) -> meta_pb2.RemoveResponse:
         """Remove a non-directory entry (the inode lives on while write sessions hold it)."""
-        return await self.meta.call(
+        r = await self.meta.call(
             "Unlink",
             meta_pb2.RemoveRequest(
                 user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name)
             ),
         )
+        self._parent_changed(r)
+        return r  # type: ignore[no-any-return]
 
     async def rmdir(
         self, caller: Caller, parent: int, name: str | bytes
     ) -> meta_pb2.RemoveResponse:
         """Remove an empty directory."""
-        return await self.meta.call(
+        r = await self.meta.call(
             "Rmdir",
             meta_pb2.RemoveRequest(
                 user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name)
             ),
         )
+        self._parent_changed(r)
+        return r  # type: ignore[no-any-return]
 
     async def rename(
         self,
@@ -663,6 +681,7 @@ class AsyncClient:
                 client_id=self.client_id,
             ),
         )
+        self._parent_changed(r)
         h = await self._opened(caller, r, flags)
         return h, self._overlay(r.attr)
 
@@ -983,10 +1002,20 @@ class AsyncClient:
         p = _name(path)
         if not p:
             raise posix(_errno.ENOENT, "empty path")
-        parent, last = await self._walk(caller, p, base, 0)
-        if last is None:
-            return await self.getattr(caller, parent.inode) if parent.nlink == 0 else parent
-        return await self._step(caller, parent, last, follow, p.endswith(b"/"), [0])
+        start = ROOT_INODE if p.startswith(b"/") else base
+        parts = [c for c in p.split(b"/") if c]
+        if not parts:
+            return await self.getattr(caller, start)
+        # Every component in one LookupPath RPC (more only where symlinks lead elsewhere).
+        return await self._steps(
+            caller,
+            meta_pb2.Attr(inode=start, mode=_stat.S_IFDIR),
+            parts,
+            [0],
+            follow_last=follow,
+            last_dir=p.endswith(b"/"),
+            last_counter=[0],
+        )
 
     async def resolve_parent(
         self, caller: Caller, path: str | bytes, *, base: int = ROOT_INODE
@@ -1018,10 +1047,66 @@ class AsyncClient:
         parts = [c for c in p.split(b"/") if c]
         if not parts:
             return cur, None
-        counter = [depth]
-        for comp in parts[:-1]:
-            cur = await self._step(caller, cur, comp, True, True, counter)
+        if len(parts) > 1:
+            cur = await self._steps(caller, cur, parts[:-1], [depth])
         return cur, parts[-1]
+
+    async def _steps(
+        self,
+        caller: Caller,
+        cur: meta_pb2.Attr,
+        comps: list[bytes],
+        counter: list[int],
+        *,
+        follow_last: bool = True,
+        last_dir: bool = True,
+        last_counter: list[int] | None = None,
+    ) -> meta_pb2.Attr:
+        """:meth:`_step` over ``comps`` in turn, with one LookupPath RPC per run of names.
+
+        Meta resolves names until a symlink or a non-directory, so a path costs
+        one RPC plus one per symlink it passes; errors and their order are those
+        of a walk one name at a time. ``follow_last``/``last_dir``/``last_counter``
+        apply to the final name (as :meth:`_step`'s ``follow``/``must_be_dir``/``counter``).
+        """
+        i, n = 0, len(comps)
+        while i < n:
+            if not _stat.S_ISDIR(cur.mode):
+                raise posix(_errno.ENOTDIR, "not a directory")
+            batch = comps[i : i + LOOKUP_PATH_MAX]
+            for j, c in enumerate(batch):  # a too-long name fails at its own step
+                if len(c) > NAME_MAX:
+                    if j == 0:
+                        raise posix(_errno.ENAMETOOLONG)
+                    batch = batch[:j]
+                    break
+            attrs = await self._lookup_path(caller, cur.inode, batch)
+            for attr in attrs:
+                final = i == n - 1
+                followed = _stat.S_ISLNK(attr.mode)
+                cur = await self._after_lookup(
+                    caller,
+                    cur,
+                    attr,
+                    follow_last if final else True,
+                    last_dir if final else True,
+                    (last_counter or counter) if final else counter,
+                )
+                i += 1
+                if followed:
+                    break  # the link led elsewhere: continue from there in a new batch
+        return cur
+
+    async def _lookup_path(
+        self, caller: Caller, parent: int, names: list[bytes]
+    ) -> list[meta_pb2.Attr]:
+        if len(names) == 1:
+            return [await self.lookup(caller, parent, names[0])]
+        r = await self.meta.call(
+            "LookupPath",
+            meta_pb2.LookupPathRequest(user=caller.to_proto(), parent=parent, names=names),
+        )
+        return [self._overlay(a) for a in r.attrs]
 
     async def _step(
         self,
@@ -1037,6 +1122,18 @@ class AsyncClient:
         if len(comp) > NAME_MAX:
             raise posix(_errno.ENAMETOOLONG)
         attr = await self.lookup(caller, cur.inode, comp)
+        return await self._after_lookup(caller, cur, attr, follow, must_be_dir, counter)
+
+    async def _after_lookup(
+        self,
+        caller: Caller,
+        cur: meta_pb2.Attr,
+        attr: meta_pb2.Attr,
+        follow: bool,
+        must_be_dir: bool,
+        counter: list[int],
+    ) -> meta_pb2.Attr:
+        """The rest of :meth:`_step` once ``attr`` (a name in ``cur``) is known."""
         if _stat.S_ISLNK(attr.mode) and (follow or must_be_dir):
             counter[0] += 1
             if counter[0] > MAX_SYMLINK_FOLLOW:

@@ -69,7 +69,8 @@ NAME_MAX = 255
 _CALLER_TTL_S = 1.0
 _SUID_BITS = stat.S_ISUID | stat.S_ISGID
 _CAPABILITY = b"security.capability"
-READDIR_PAGE = 128  # entries per meta ReadDir while listing (a kernel readdir call takes ~25)
+READDIR_PAGE = 512  # entries per meta ReadDir while listing (a kernel readdir call takes ~25)
+_DIR_ATTRS_MAX = 4096  # directories whose fresh attributes FuseClient keeps at most
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -148,6 +149,17 @@ class FuseClient(AsyncClient):
         super().__init__(*args, **kwargs)
         #: fh number -> wall-clock ns of the last write not yet reported to meta.
         self.write_mtimes: dict[int, int] = {}
+        #: directory inode -> (monotonic time received, its attributes as meta returned
+        #: them with a create/unlink/mkdir/... in it); see Fs3Operations.getattr.
+        self.dir_attrs: dict[int, tuple[float, meta_pb2.Attr]] = {}
+
+    def _parent_changed(self, r: Any) -> None:
+        if not r.HasField("parent_attr"):
+            return
+        a = r.parent_attr
+        if len(self.dir_attrs) >= _DIR_ATTRS_MAX:
+            self.dir_attrs.clear()
+        self.dir_attrs[int(a.inode)] = (time.monotonic(), a)
 
     def _hint(self, fh: FileHandle, req: Any) -> None:
         super()._hint(fh, req)
@@ -474,7 +486,33 @@ class Fs3Operations(pyfuse3.Operations):
 
     @_guard
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        """Attributes from meta, or the ones the last entry change in the directory returned.
+
+        The kernel forgets a directory's attributes after every create, unlink,
+        mkdir ... in it and asks again at the next path walk (its permission
+        check), one GetAttr RPC per created or removed file. Meta already
+        returned those attributes with the op (``parent_attr``), so the first
+        GetAttr after it is answered from them, once, if they are younger than
+        ``attr_timeout_s``, and the kernel may keep them only for the rest of
+        that time: this mount never shows attributes older than the kernel's
+        own cache would, and every other handler that changes a directory
+        through this mount drops its entry (:meth:`_drop_dir_attrs`); the
+        kernel holds the directory's lock across such ops, so a reply cannot
+        overtake a later chmod/rename of the same directory.
+        """
+        fresh = self.client.dir_attrs.pop(inode, None)
+        if fresh is not None:
+            left = fresh[0] + self.attr_timeout - time.monotonic()
+            if left > 0:
+                e = self._entry(fresh[1])
+                e.attr_timeout = min(self.attr_timeout, left)
+                return e
         return self._entry(await self._call(self.client.getattr(self._caller(ctx), inode)))
+
+    def _drop_dir_attrs(self, *inodes: int) -> None:
+        """Forget kept directory attributes that an op through this mount makes stale."""
+        for ino in inodes:
+            self.client.dir_attrs.pop(int(ino), None)
 
     @_guard
     async def setattr(
@@ -485,6 +523,7 @@ class Fs3Operations(pyfuse3.Operations):
         fh: int | None,
         ctx: pyfuse3.RequestContext,
     ) -> pyfuse3.EntryAttributes:
+        self._drop_dir_attrs(inode)
         caller = self._caller(ctx)
         handle = self.files[fh].h if fh is not None and fh in self.files else None
         await self._sync_inode(inode, report=True)
@@ -576,7 +615,8 @@ class Fs3Operations(pyfuse3.Operations):
     @_guard
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         _check_name(name)
-        await self._call(self.client.rmdir(self._caller(ctx), parent_inode, name))
+        r = await self._call(self.client.rmdir(self._caller(ctx), parent_inode, name))
+        self._drop_dir_attrs(r.inode)
 
     @_guard
     async def symlink(
@@ -599,11 +639,13 @@ class Fs3Operations(pyfuse3.Operations):
     ) -> None:
         _check_name(name_old)
         _check_name(name_new)
-        await self._call(
+        self._drop_dir_attrs(parent_inode_old, parent_inode_new)
+        r = await self._call(
             self.client.rename(
                 self._caller(ctx), parent_inode_old, name_old, parent_inode_new, name_new, flags
             )
         )
+        self._drop_dir_attrs(parent_inode_old, parent_inode_new, r.inode, r.replaced_inode)
 
     @_guard
     async def link(
@@ -677,6 +719,7 @@ class Fs3Operations(pyfuse3.Operations):
         self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext
     ) -> None:
         self._caps.pop(inode, None)
+        self._drop_dir_attrs(inode)
         await self._call(self.client.setxattr(self._caller(ctx), inode, name, value))
 
     @_guard
@@ -686,6 +729,7 @@ class Fs3Operations(pyfuse3.Operations):
     @_guard
     async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         self._caps.pop(inode, None)
+        self._drop_dir_attrs(inode)
         await self._call(self.client.removexattr(self._caller(ctx), inode, name))
 
     # ================================================================== directories
@@ -707,13 +751,15 @@ class Fs3Operations(pyfuse3.Operations):
         d = self.dirs.get(fh)
         if d is None:
             raise pyfuse3.FUSEError(errno.EBADF)
+        attr: meta_pb2.Attr | None = None
         if start_id == 0:
             attr = await self._call(self.client.getattr(d.caller, d.inode))
             if not pyfuse3.readdir_reply(token, b".", self._entry(attr), 1):
                 return
             start_id = 1
         if start_id == 1:
-            attr = await self._call(self.client.getattr(d.caller, d.inode))
+            if attr is None:  # resumed after "." only: fetch again
+                attr = await self._call(self.client.getattr(d.caller, d.inode))
             pattr = attr
             if int(attr.parent) and int(attr.parent) != d.inode:
                 try:
@@ -885,7 +931,10 @@ class Fs3Operations(pyfuse3.Operations):
         of = self._file(fh)
         await self._settle(of.ist)
         self._raise_deferred(of)
-        if of.h.writable:
+        h = of.h
+        # close(2) waits for this: skip the trip to the client loop when the core has
+        # nothing to do for the handle (no write in flight, none unreported, no error).
+        if h.writable and (h.dirty or h.pending or h.error is not None):
             await self._report(of, fsync=False)
 
     @_guard

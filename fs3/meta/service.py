@@ -1,7 +1,8 @@
 """MetaService servicer: a thin adapter from gRPC to :class:`MetaOperator`.
 
 Each handler runs the (blocking) operator method on a worker thread so the
-event loop keeps serving; errors are mapped to statuses by
+event loop keeps serving (point reads over a local KV run inline, see
+:class:`MetaServicer`); errors are mapped to statuses by
 ``fs3.rpc.server.guard_servicer``, so nothing here catches exceptions. The
 context is typed ``Any``: servicers never touch grpc directly.
 """
@@ -16,6 +17,9 @@ from typing import Any
 from prometheus_client import Counter, Histogram
 
 from fs3.errors import FsError
+from fs3.kv import Database
+from fs3.kv.memory import MemoryDatabase
+from fs3.kv.sqlite import SqliteDatabase
 from fs3.meta.operator import MetaOperator
 from fs3.proto import common_pb2, meta_pb2, meta_pb2_grpc
 
@@ -27,17 +31,55 @@ LATENCY = Histogram(
 )
 
 
-class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
-    """Forwards every RPC to the operator (on a thread)."""
+def local_reads(db: Database) -> bool:
+    """True if the engine answers reads from this host without network I/O.
 
-    def __init__(self, op: MetaOperator) -> None:
+    SQLite (WAL: readers never wait for writers) and the in-memory engine do;
+    FoundationDB reads go over the network and must stay off the event loop.
+    """
+    return isinstance(db, SqliteDatabase | MemoryDatabase)
+
+
+class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
+    """Forwards every RPC to the operator.
+
+    Mutations (they fsync at commit) and range reads run on worker threads.
+    Point reads (lookup, getattr, access, ...) run on the event loop when the
+    KV's reads are local, with one attempt: a retryable failure falls back to
+    the retrying path on a thread. On a loaded 2-core host a thread hand-off
+    costs more than the read itself, and the kernel asks for these all the time.
+
+    Args:
+        op: the operator.
+        inline_reads: None: decide by the KV engine (:func:`local_reads`).
+    """
+
+    def __init__(self, op: MetaOperator, *, inline_reads: bool | None = None) -> None:
         self.op = op
+        self.inline_reads = local_reads(op.db) if inline_reads is None else inline_reads
+        self._metrics: dict[str, tuple[Any, Any]] = {}
+
+    def _observe(self, name: str, outcome: str, seconds: float) -> None:
+        m = self._metrics.get(name)
+        if m is None:
+            m = self._metrics[name] = (REQUESTS.labels(name, "ok"), LATENCY.labels(name))
+        if outcome == "ok":
+            m[0].inc()
+        else:
+            REQUESTS.labels(name, outcome).inc()
+        m[1].observe(seconds)
 
     async def _run(self, fn: Callable[[Any], Any], request: Any) -> Any:
         name = getattr(fn, "__name__", "op")
         t0 = time.perf_counter()
         outcome = "ok"
         try:
+            if self.inline_reads and name in MetaOperator.INLINE_READS:
+                try:
+                    return self.op.read_once(name, request)
+                except FsError as e:
+                    if not e.retryable:
+                        raise
             return await asyncio.to_thread(fn, request)
         except FsError as e:
             outcome = e.code.name.lower() if e.code.name != "POSIX" else f"errno_{e.errno}"
@@ -46,8 +88,7 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
             outcome = "internal"
             raise
         finally:
-            REQUESTS.labels(name, outcome).inc()
-            LATENCY.labels(name).observe(time.perf_counter() - t0)
+            self._observe(name, outcome, time.perf_counter() - t0)
 
     async def StatFs(
         self, request: meta_pb2.StatFsRequest, context: Any
@@ -56,6 +97,11 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
     async def Lookup(self, request: meta_pb2.LookupRequest, context: Any) -> meta_pb2.AttrResponse:
         return await self._run(self.op.lookup, request)  # type: ignore[no-any-return]
+
+    async def LookupPath(
+        self, request: meta_pb2.LookupPathRequest, context: Any
+    ) -> meta_pb2.LookupPathResponse:
+        return await self._run(self.op.lookup_path, request)  # type: ignore[no-any-return]
 
     async def GetAttr(
         self, request: meta_pb2.GetAttrRequest, context: Any

@@ -117,6 +117,22 @@ class LookupRequest(_message.Message):
     name: bytes
     def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ...) -> None: ...
 
+class LookupPathRequest(_message.Message):
+    __slots__ = ("user", "parent", "names")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    user: _common_pb2.UserInfo
+    parent: int
+    names: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., parent: _Optional[int] = ..., names: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class LookupPathResponse(_message.Message):
+    __slots__ = ("attrs",)
+    ATTRS_FIELD_NUMBER: _ClassVar[int]
+    attrs: _containers.RepeatedCompositeFieldContainer[Attr]
+    def __init__(self, attrs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ...) -> None: ...
+
 class GetAttrRequest(_message.Message):
     __slots__ = ("user", "inode")
     USER_FIELD_NUMBER: _ClassVar[int]
@@ -126,10 +142,12 @@ class GetAttrRequest(_message.Message):
     def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., inode: _Optional[int] = ...) -> None: ...
 
 class AttrResponse(_message.Message):
-    __slots__ = ("attr",)
+    __slots__ = ("attr", "parent_attr")
     ATTR_FIELD_NUMBER: _ClassVar[int]
+    PARENT_ATTR_FIELD_NUMBER: _ClassVar[int]
     attr: Attr
-    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ...) -> None: ...
+    parent_attr: Attr
+    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., parent_attr: _Optional[_Union[Attr, _Mapping]] = ...) -> None: ...
 
 class SetAttrRequest(_message.Message):
     __slots__ = ("user", "request_id", "inode", "valid", "mode", "uid", "gid", "size", "atime", "mtime", "ctime", "session_id")
@@ -190,18 +208,20 @@ class CreateRequest(_message.Message):
     def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., request_id: _Optional[str] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., mode: _Optional[int] = ..., flags: _Optional[int] = ..., client_id: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ...) -> None: ...
 
 class OpenResponse(_message.Message):
-    __slots__ = ("attr", "session_id", "created", "need_truncate", "old_size")
+    __slots__ = ("attr", "session_id", "created", "need_truncate", "old_size", "parent_attr")
     ATTR_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     NEED_TRUNCATE_FIELD_NUMBER: _ClassVar[int]
     OLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PARENT_ATTR_FIELD_NUMBER: _ClassVar[int]
     attr: Attr
     session_id: str
     created: bool
     need_truncate: bool
     old_size: int
-    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., session_id: _Optional[str] = ..., created: _Optional[bool] = ..., need_truncate: _Optional[bool] = ..., old_size: _Optional[int] = ...) -> None: ...
+    parent_attr: Attr
+    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., session_id: _Optional[str] = ..., created: _Optional[bool] = ..., need_truncate: _Optional[bool] = ..., old_size: _Optional[int] = ..., parent_attr: _Optional[_Union[Attr, _Mapping]] = ...) -> None: ...
 
 class OpenRequest(_message.Message):
     __slots__ = ("user", "request_id", "inode", "flags", "client_id")
@@ -342,12 +362,14 @@ class RemoveRequest(_message.Message):
     def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., request_id: _Optional[str] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ...) -> None: ...
 
 class RemoveResponse(_message.Message):
-    __slots__ = ("inode", "inode_removed")
+    __slots__ = ("inode", "inode_removed", "parent_attr")
     INODE_FIELD_NUMBER: _ClassVar[int]
     INODE_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    PARENT_ATTR_FIELD_NUMBER: _ClassVar[int]
     inode: int
     inode_removed: bool
-    def __init__(self, inode: _Optional[int] = ..., inode_removed: _Optional[bool] = ...) -> None: ...
+    parent_attr: Attr
+    def __init__(self, inode: _Optional[int] = ..., inode_removed: _Optional[bool] = ..., parent_attr: _Optional[_Union[Attr, _Mapping]] = ...) -> None: ...
 
 class RenameRequest(_message.Message):
     __slots__ = ("user", "request_id", "parent", "name", "new_parent", "new_name", "flags")

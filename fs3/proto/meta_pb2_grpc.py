@@ -45,6 +45,11 @@ class MetaServiceStub:
                 request_serializer=meta__pb2.LookupRequest.SerializeToString,
                 response_deserializer=meta__pb2.AttrResponse.FromString,
                 _registered_method=True)
+        self.LookupPath = channel.unary_unary(
+                '/fs3.v1.MetaService/LookupPath',
+                request_serializer=meta__pb2.LookupPathRequest.SerializeToString,
+                response_deserializer=meta__pb2.LookupPathResponse.FromString,
+                _registered_method=True)
         self.GetAttr = channel.unary_unary(
                 '/fs3.v1.MetaService/GetAttr',
                 request_serializer=meta__pb2.GetAttrRequest.SerializeToString,
@@ -177,6 +182,12 @@ class MetaServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Lookup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LookupPath(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -338,6 +349,11 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.Lookup,
                     request_deserializer=meta__pb2.LookupRequest.FromString,
                     response_serializer=meta__pb2.AttrResponse.SerializeToString,
+            ),
+            'LookupPath': grpc.unary_unary_rpc_method_handler(
+                    servicer.LookupPath,
+                    request_deserializer=meta__pb2.LookupPathRequest.FromString,
+                    response_serializer=meta__pb2.LookupPathResponse.SerializeToString,
             ),
             'GetAttr': grpc.unary_unary_rpc_method_handler(
                     servicer.GetAttr,
@@ -514,6 +530,33 @@ class MetaService:
             '/fs3.v1.MetaService/Lookup',
             meta__pb2.LookupRequest.SerializeToString,
             meta__pb2.AttrResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LookupPath(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fs3.v1.MetaService/LookupPath',
+            meta__pb2.LookupPathRequest.SerializeToString,
+            meta__pb2.LookupPathResponse.FromString,
             options,
             channel_credentials,
             insecure,

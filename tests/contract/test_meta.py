@@ -1177,3 +1177,117 @@ def test_creates_in_one_directory_do_not_conflict(db: Database) -> None:
     assert len(Fs(op).names(d.inode)) == 80
     rep = check_namespace(db)
     assert rep.ok, str(rep)
+
+
+# ---------------------------------------------------------------- fast paths (issue 9)
+
+
+def test_entry_ops_return_parent_attrs(fs: Fs) -> None:
+    """Every op that adds or removes an entry returns the parent as it left it (= GetAttr)."""
+    d = fs.mkdir(1, "d", 0o777)
+    r = fs.create(d.inode, "f")
+    assert r.parent_attr == fs.getattr(d.inode)
+    assert ns(r.parent_attr.mtime) == ns(r.attr.ctime)
+    fs.close(r.attr.inode, r.session_id)
+    again = fs.create(d.inode, "f")  # opens the existing file: parent unchanged
+    assert again.parent_attr == fs.getattr(d.inode)
+    fs.close(again.attr.inode, again.session_id)
+    sub = fs.op.mkdir(F.MkdirRequest(user=ROOT, request_id=rid(), parent=d.inode, name=b"s"))
+    assert sub.parent_attr == fs.getattr(d.inode) and sub.parent_attr.nlink == 3
+    node = fs.op.mknod(
+        F.MknodRequest(user=ROOT, request_id=rid(), parent=d.inode, name=b"p", mode=0o10644)
+    )
+    assert node.parent_attr == fs.getattr(d.inode)
+    ln = fs.op.symlink(
+        F.SymlinkRequest(user=ROOT, request_id=rid(), parent=d.inode, name=b"l", target=b"f")
+    )
+    assert ln.parent_attr == fs.getattr(d.inode)
+    hard = fs.op.link(
+        F.LinkRequest(user=ROOT, request_id=rid(), inode=r.attr.inode, new_parent=1, new_name=b"h")
+    )
+    assert hard.parent_attr == fs.getattr(1)
+    assert fs.unlink(d.inode, "f").parent_attr == fs.getattr(d.inode)
+    rm = fs.rmdir(d.inode, "s")
+    assert rm.parent_attr == fs.getattr(d.inode) and rm.parent_attr.nlink == 2
+
+
+def test_close_without_report_keeps_inode_record(fs: Fs, db: Database) -> None:
+    """A Close that reports nothing new rewrites no inode; one that does still records it."""
+    from fs3.meta import schema as S
+
+    r = fs.create(1, "f")
+    before = db.run(lambda tr: tr.get(S.inode_key(r.attr.inode)))
+    after_attr = fs.close(r.attr.inode, r.session_id)
+    assert db.run(lambda tr: tr.get(S.inode_key(r.attr.inode))) == before
+    assert after_attr == fs.getattr(r.attr.inode)
+    w = fs.create(1, "f")
+    fs.close(w.attr.inode, w.session_id, has_length_hint=True, length_hint=10)
+    assert fs.getattr(w.attr.inode).size == 10
+    # an orphan whose last session closes without a report is still released
+    o = fs.create(1, "o")
+    fs.unlink(1, "o")
+    fs.close(o.attr.inode, o.session_id)
+    assert err(fs.getattr, o.attr.inode) == errno.ENOENT
+
+
+@pytest.mark.parametrize("step", [1, 3, 50])
+def test_readdir_attrs_dense_and_sparse_inodes(fs: Fs, step: int) -> None:
+    """Attributes in ReadDir equal GetAttr's whether inodes are dense (range read) or not."""
+    d = fs.mkdir(1, "d", 0o777)
+    names = []
+    for i in range(40):
+        for j in range(step - 1):  # burn inode numbers elsewhere to spread ours out
+            fs.touch(1, f"x{i}_{j}")
+        n = f"e{i:03d}"
+        names.append(n)
+        if i % 7 == 0:
+            fs.mkdir(d.inode, n)
+        else:
+            fs.touch(d.inode, n)
+    # xattrs and directory times sit between inode records in the key space
+    some = fs.lookup(d.inode, "e001")
+    fs.op.setxattr(
+        F.SetXattrRequest(user=ROOT, request_id=rid(), inode=some.inode, name=b"user.a", value=b"v")
+    )
+    fs.unlink(d.inode, "e002")  # an entry gone: not listed
+    names.remove("e002")
+    r = fs.op.readdir(F.ReadDirRequest(user=ROOT, inode=d.inode, limit=100, with_attrs=True))
+    assert [e.name.decode() for e in r.entries] == names
+    for e in r.entries:
+        assert e.attr == fs.getattr(e.inode), e.name
+
+
+def test_lookup_path_equals_stepwise_lookups(fs: Fs) -> None:
+    """LookupPath resolves like one Lookup per name, stops at symlinks/non-dirs, same errors."""
+    a = fs.mkdir(1, "a", 0o755)
+    b = fs.mkdir(a.inode, "b", 0o700)
+    f = fs.touch(b.inode, "f")
+    fs.op.symlink(
+        F.SymlinkRequest(user=ROOT, request_id=rid(), parent=a.inode, name=b"l", target=b"b")
+    )
+
+    def path(*names: bytes, user: Any = ROOT, parent: int = 1) -> list[meta_pb2.Attr]:
+        r = fs.op.lookup_path(F.LookupPathRequest(user=user, parent=parent, names=list(names)))
+        return list(r.attrs)
+
+    assert path(b"a", b"b", b"f") == [fs.getattr(a.inode), fs.getattr(b.inode), fs.getattr(f.inode)]
+    assert [x.inode for x in path(b"a", b".", b"b", b"..", b"b")] == [
+        a.inode,
+        a.inode,
+        b.inode,
+        a.inode,
+        b.inode,
+    ]
+    assert [x.inode for x in path(b"a", b"l", b"f")] == [a.inode, fs.lookup(a.inode, "l").inode]
+    assert [x.inode for x in path(b"a", b"b", b"f", b"x")] == [a.inode, b.inode, f.inode]
+    assert err(path, b"a", b"nope", b"f") == errno.ENOENT
+    assert err(path, b"a", b"b", b"f", user=ALICE) == errno.EACCES  # b is 0700 root's
+    assert err(path, b"a", b"x" * 256) == errno.ENAMETOOLONG
+    assert err(path) == errno.EINVAL
+    assert err(path, *([b"."] * 65)) == errno.EINVAL
+    assert (
+        fs.op.read_once("lookup_path", F.LookupPathRequest(user=ROOT, parent=1, names=[b"a"]))
+        .attrs[0]
+        .inode
+        == a.inode
+    )

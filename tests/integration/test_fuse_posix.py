@@ -738,3 +738,33 @@ def test_concurrent_writers(d: Path) -> None:
     for name, data in blobs.items():
         assert (d / name).read_bytes() == data
     assert shared.read_bytes() == b"".join(bytes([65 + k]) * piece for k in range(4))
+
+
+def test_directory_attrs_after_entry_changes(d: Path) -> None:
+    """The kernel re-reads a directory's attributes after every entry change; the daemon
+    answers the first such GetAttr from the op's reply: it must match meta exactly,
+    and a chmod/xattr/rename through this mount must never be hidden by it."""
+    sub = d / "s"
+    sub.mkdir()
+    st = os.stat(sub)
+    for i in range(3):
+        time.sleep(0.01)
+        (sub / f"f{i}").write_bytes(b"")
+        now = os.stat(sub)
+        assert now.st_mtime_ns > st.st_mtime_ns and now.st_nlink == 2
+        st = now
+    (sub / "c").mkdir()
+    assert os.stat(sub).st_nlink == 3
+    os.chmod(sub, 0o700)
+    (sub / "g").write_bytes(b"")  # reply carries the chmod'ed parent
+    assert stat.S_IMODE(os.stat(sub).st_mode) == 0o700
+    os.chmod(sub, 0o755)  # no entry change after it: the kernel keeps the setattr reply
+    assert stat.S_IMODE(os.stat(sub).st_mode) == 0o755
+    os.rmdir(sub / "c")
+    assert os.stat(sub).st_nlink == 2
+    time.sleep(0.01)
+    before = os.stat(sub).st_mtime_ns
+    os.unlink(sub / "f0")
+    assert os.stat(sub).st_mtime_ns > before
+    os.rename(sub / "f1", d / "moved")
+    assert os.stat(sub).st_mtime_ns >= before and sorted(os.listdir(sub)) == ["f2", "g"]

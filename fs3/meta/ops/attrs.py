@@ -21,26 +21,54 @@ from fs3.meta import perms
 from fs3.meta import schema as S
 from fs3.meta.layout import validate_layout
 from fs3.meta.ops.common import OpCtx, search_dir, touch
-from fs3.meta.store import MetaTxn
+from fs3.meta.store import Inode, MetaTxn
 from fs3.proto import common_pb2, meta_pb2
 
 READDIR_DEFAULT = 1024
 READDIR_MAX = 4096
 
 
+LOOKUP_PATH_MAX = 64  # names per LookupPath
+
+
+def _lookup(ctx: OpCtx, tx: MetaTxn, parent_ino: int, name: bytes) -> Inode:
+    parent = search_dir(tx, ctx, parent_ino, snapshot=True)
+    if name == b".":
+        return parent
+    if name == b"..":
+        return tx.must(int(parent.attr.parent) or S.ROOT_INODE, snapshot=True)
+    perms.check_name(name)
+    entry = tx.get_entry(parent.ino, name, snapshot=True)
+    if entry is None:
+        raise posix(errno.ENOENT, f"{name!r} not found in directory {parent.ino}")
+    return tx.must(entry[0], snapshot=True)
+
+
 def lookup(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.LookupRequest) -> meta_pb2.AttrResponse:
-    parent = search_dir(tx, ctx, req.parent, snapshot=True)
-    if req.name == b".":
-        node = parent
-    elif req.name == b"..":
-        node = tx.must(int(parent.attr.parent) or S.ROOT_INODE, snapshot=True)
-    else:
-        perms.check_name(req.name)
-        entry = tx.get_entry(parent.ino, req.name, snapshot=True)
-        if entry is None:
-            raise posix(errno.ENOENT, f"{req.name!r} not found in directory {parent.ino}")
-        node = tx.must(entry[0], snapshot=True)
-    return meta_pb2.AttrResponse(attr=S.public_attr(node.attr))
+    return meta_pb2.AttrResponse(attr=S.public_attr(_lookup(ctx, tx, req.parent, req.name).attr))
+
+
+def lookup_path(
+    ctx: OpCtx, tx: MetaTxn, req: meta_pb2.LookupPathRequest
+) -> meta_pb2.LookupPathResponse:
+    """Lookup of each name in the previous result, in one snapshot (one RPC per path).
+
+    Stops after a symlink (the client reads and follows it) or a non-directory
+    that is not the last name (the client raises ENOTDIR, as a stepwise walk would).
+    """
+    if not req.names:
+        raise posix(errno.EINVAL, "names are required")
+    if len(req.names) > LOOKUP_PATH_MAX:
+        raise posix(errno.EINVAL, f"more than {LOOKUP_PATH_MAX} names")
+    resp = meta_pb2.LookupPathResponse()
+    cur = req.parent
+    for name in req.names:
+        node = _lookup(ctx, tx, cur, name)
+        resp.attrs.append(S.public_attr(node.attr))
+        if not S.is_dir(node.attr):
+            break
+        cur = node.ino
+    return resp
 
 
 def getattr_(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.GetAttrRequest) -> meta_pb2.AttrResponse:
@@ -81,12 +109,13 @@ def readdir(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.ReadDirRequest) -> meta_pb2.R
     limit = min(req.limit or READDIR_DEFAULT, READDIR_MAX)
     rows = tx.list_entries(d.ino, bytes(req.cursor), limit + 1, snapshot=True)
     resp = meta_pb2.ReadDirResponse(more=len(rows) > limit)
-    for name, ino, ftype in rows[:limit]:
+    rows = rows[:limit]
+    nodes = tx.load_many([ino for _, ino, _ in rows]) if req.with_attrs else {}
+    for name, ino, ftype in rows:
         e = resp.entries.add(name=name, inode=ino, type=ftype)
-        if req.with_attrs:
-            child = tx.load(ino, snapshot=True)
-            if child is not None:
-                e.attr.CopyFrom(S.public_attr(child.attr))
+        child = nodes.get(ino)
+        if child is not None:
+            e.attr.CopyFrom(S.public_attr(child.attr))
     return resp
 
 

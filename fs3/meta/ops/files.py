@@ -149,6 +149,7 @@ def create(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.CreateRequest) -> meta_pb2.Ope
             raise posix(errno.EISDIR, f"{req.name!r} is a directory")
         resp = _open_existing(tx, ctx, node, req.flags, req.client_id, req.request_id)
         resp.created = False
+        resp.parent_attr.CopyFrom(S.public_attr(parent.attr))
         return resp
     writable_dir(parent, ctx)
     if parent.attr.nlink == 0:
@@ -157,6 +158,7 @@ def create(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.CreateRequest) -> meta_pb2.Ope
     resp = meta_pb2.OpenResponse(created=True)
     resp.session_id = _open_session(tx, ctx, node, req.flags, req.client_id, req.request_id)
     resp.attr.CopyFrom(S.public_attr(node.attr))
+    resp.parent_attr.CopyFrom(S.public_attr(parent.attr))
     return resp
 
 
@@ -194,8 +196,9 @@ def close(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.CloseRequest) -> meta_pb2.AttrR
         raise posix(errno.EINVAL, "inode is required")
     node = tx.must(req.inode)
     sess = _session(tx, node.ino, req.session_id)
+    changed = False
     if sess.write:
-        _apply_report(
+        changed = _apply_report(
             node,
             ctx,
             req.has_length_hint,
@@ -206,9 +209,14 @@ def close(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.CloseRequest) -> meta_pb2.AttrR
     elif req.has_length_hint and req.length_hint > node.attr.size:
         raise posix(errno.EBADF, "length report on a read-only session")
     tx.clear_session(node.ino, req.session_id)
-    if node.attr.nlink == 0 and not tx.has_sessions(node.ino):
-        release(tx, ctx, node)
-    else:
+    if node.attr.nlink == 0:
+        if not tx.has_sessions(node.ino):
+            release(tx, ctx, node)
+        elif changed:
+            tx.put_inode(node)
+    elif changed:
+        # A handle that reported nothing new (it never wrote, or Sync already told
+        # meta) leaves the inode record alone: only its session goes.
         tx.put_inode(node)
     return meta_pb2.AttrResponse(attr=S.public_attr(node.attr))
 

@@ -50,6 +50,19 @@ def _prepare_new_entry(tx: MetaTxn, ctx: OpCtx, parent_ino: int, name: bytes) ->
     return parent
 
 
+def _with_parent(node: Inode, parent: Inode) -> meta_pb2.AttrResponse:
+    """The new node's attributes plus its parent's as this op left them.
+
+    The kernel drops its cached attributes of a directory whose entries it
+    changed and asks for them again right away (its permission check of the
+    next path walk); carrying them here lets the FUSE daemon answer that from
+    this reply instead of one more GetAttr round trip.
+    """
+    return meta_pb2.AttrResponse(
+        attr=S.public_attr(node.attr), parent_attr=S.public_attr(parent.attr)
+    )
+
+
 def mknod(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.MknodRequest) -> meta_pb2.AttrResponse:
     ftype = stat.S_IFMT(req.mode) or stat.S_IFREG
     if ftype not in _MKNOD_TYPES:
@@ -63,7 +76,7 @@ def mknod(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.MknodRequest) -> meta_pb2.AttrR
         node = _new_file(tx, ctx, parent, req.name, mode, meta_pb2.Layout())
     else:
         node = new_node(tx, ctx, parent, req.name, mode, rdev=rdev)
-    return meta_pb2.AttrResponse(attr=S.public_attr(node.attr))
+    return _with_parent(node, parent)
 
 
 def _new_file(
@@ -82,7 +95,7 @@ def mkdir(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.MkdirRequest) -> meta_pb2.AttrR
     if parent.attr.nlink >= LINK_MAX:
         raise posix(errno.EMLINK, f"directory {parent.ino} has too many subdirectories")
     node = new_node(tx, ctx, parent, req.name, stat.S_IFDIR | (req.mode & 0o7777))
-    return meta_pb2.AttrResponse(attr=S.public_attr(node.attr))
+    return _with_parent(node, parent)
 
 
 def symlink(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.SymlinkRequest) -> meta_pb2.AttrResponse:
@@ -94,7 +107,7 @@ def symlink(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.SymlinkRequest) -> meta_pb2.A
         raise posix(errno.EINVAL, "symlink target contains NUL")
     parent = _prepare_new_entry(tx, ctx, req.parent, req.name)
     node = new_node(tx, ctx, parent, req.name, stat.S_IFLNK | 0o777, symlink_target=req.target)
-    return meta_pb2.AttrResponse(attr=S.public_attr(node.attr))
+    return _with_parent(node, parent)
 
 
 def link(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.LinkRequest) -> meta_pb2.AttrResponse:
@@ -113,7 +126,7 @@ def link(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.LinkRequest) -> meta_pb2.AttrRes
     touch(node.attr, ctx.now_ns, mtime=False)
     tx.put_inode(node)
     tx.touch_dir(parent, ctx.now_ns)
-    return meta_pb2.AttrResponse(attr=S.public_attr(node.attr))
+    return _with_parent(node, parent)
 
 
 def _lookup_child(tx: MetaTxn, ctx: OpCtx, parent_ino: int, name: bytes) -> tuple[Inode, Inode]:
@@ -140,7 +153,9 @@ def unlink(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.RemoveRequest) -> meta_pb2.Rem
     tx.clear_entry(parent.ino, req.name)
     tx.touch_dir(parent, ctx.now_ns)
     removed = drop_link(tx, ctx, child)
-    return meta_pb2.RemoveResponse(inode=child.ino, inode_removed=removed)
+    return meta_pb2.RemoveResponse(
+        inode=child.ino, inode_removed=removed, parent_attr=S.public_attr(parent.attr)
+    )
 
 
 def rmdir(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.RemoveRequest) -> meta_pb2.RemoveResponse:
@@ -158,7 +173,9 @@ def rmdir(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.RemoveRequest) -> meta_pb2.Remo
     if not tx.dir_is_empty(child.ino):
         raise posix(errno.ENOTEMPTY, f"directory {req.name!r} is not empty")
     _remove_empty_dir(tx, ctx, parent, req.name, child)
-    return meta_pb2.RemoveResponse(inode=child.ino, inode_removed=True)
+    return meta_pb2.RemoveResponse(
+        inode=child.ino, inode_removed=True, parent_attr=S.public_attr(parent.attr)
+    )
 
 
 def _remove_empty_dir(tx: MetaTxn, ctx: OpCtx, parent: Inode, name: bytes, child: Inode) -> None:
