@@ -375,6 +375,11 @@ def test_a_reused_pid_is_never_signalled() -> None:
     """down/kill check /proc/<pid>/cmdline and start time: an unrelated process with the pid survives."""
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
+        # until the child has exec'd, /proc/<pid>/cmdline is still the parent's (pytest's)
+        deadline = time.monotonic() + 10
+        while b"time.sleep(60)" not in Path(f"/proc/{p.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline, "the child never exec'd"
+            time.sleep(0.01)
         fake = launcher.ProcRecord(
             name="storage-1",
             role="storage",
