@@ -19,9 +19,17 @@ Design decisions (issue 6; the reasons are in the docstrings below):
   succeeds only if both allow it; they differ only while another mount's
   chmod/chown is still hidden by this mount's attribute cache
   (``attr_timeout_s``).
-* **No exception escapes a handler** (one escaped exception would end
-  ``pyfuse3.main`` and leave the mount returning ENOTCONN): FsError becomes its
-  errno, anything else is logged and becomes EIO (:func:`_guard`).
+* **One asyncio loop** (issue 9): pyfuse3 runs in its asyncio mode
+  (``pyfuse3.asyncio.enable()``, see fs3.fuse.main) on the loop that also runs
+  the client core, so a handler awaits the client's coroutines directly
+  (:meth:`Fs3Operations._call` is a plain await). It used to run on trio and
+  cross to the client's loop in another thread for every request (bridge
+  wake-ups both ways + GIL hand-offs, 15-20 % of the daemon's CPU).
+* **No exception escapes a handler**: FsError becomes its errno, anything
+  else is logged and becomes EIO (:func:`_guard`). In pyfuse3's asyncio mode
+  an escaped exception silently ends that worker task and the kernel's request
+  is never answered (the caller hangs), so this matters even more than on trio
+  (where it ended ``pyfuse3.main`` and left the mount returning ENOTCONN).
 * **Write buffering** (3FS §7.3): sequential writes to an inode accumulate in
   one per-inode buffer that never crosses a chunk boundary; a full buffer (or a
   non-contiguous write, flush, fsync, release, a read or setattr of the inode,
@@ -55,10 +63,8 @@ from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
-import trio
 
 from fs3 import config as _config
-from fs3.client.bridge import Bridge
 from fs3.client.core import ROOT, AsyncClient, Caller, FileHandle
 from fs3.errors import Code, FsError
 from fs3.proto import common_pb2, meta_pb2
@@ -109,6 +115,8 @@ def _guard(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any
                 log.warning("%s%r failed: %s", name, _short(args[1:]), e)
             raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
         except asyncio.CancelledError:
+            # The kernel must get an answer even when the handler's task is cancelled
+            # (shutdown): answering EINTR ends the request; the worker loop then stops.
             log.warning("%s%r: client operation cancelled (shutting down?)", name, _short(args[1:]))
             raise pyfuse3.FUSEError(errno.EINTR) from None
         except OSError as e:
@@ -183,7 +191,7 @@ class InodeState:
     """Per-inode write buffer and in-flight background writes (while any handle is open)."""
 
     inode: int
-    lock: trio.Lock = field(default_factory=trio.Lock)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     files: set[OpenFile] = field(default_factory=set)
     buf: bytearray = field(default_factory=bytearray)
     buf_off: int = 0
@@ -192,7 +200,7 @@ class InodeState:
     inflight: list[tuple[int, int]] = field(
         default_factory=list
     )  # [start, end) ranges being written
-    idle: trio.Event = field(default_factory=trio.Event)
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
     pending_end: int = 0  # end of data accepted (buffered or in flight) under pending_tv
     pending_tv: int = 0
     mtime_ns: int = 0  # last write on this mount not yet reported to meta
@@ -239,10 +247,9 @@ class Fs3Operations(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_acl = False
 
-    def __init__(self, client: FuseClient, bridge: Bridge, cfg: _config.FuseSection) -> None:
+    def __init__(self, client: FuseClient, cfg: _config.FuseSection) -> None:
         super().__init__()
         self.client = client
-        self.bridge = bridge
         self.cfg = cfg
         self.enable_writeback_cache = bool(cfg.writeback_cache)
         self.attr_timeout = float(cfg.attr_timeout_s)
@@ -255,8 +262,11 @@ class Fs3Operations(pyfuse3.Operations):
         self._seen: dict[
             int, tuple[int, int, int]
         ] = {}  # inode -> (size, mtime, ctime) last told to the kernel
-        self._write_slots = trio.Semaphore(max(1, cfg.write_behind_chunks))
-        self.nursery: trio.Nursery | None = None  # background writes run here (set by run())
+        self._write_slots = asyncio.Semaphore(max(1, cfg.write_behind_chunks))
+        #: background writes, invalidations and the age flusher (between start() and stop());
+        #: kept here because the loop holds only weak references to tasks.
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._running = False
         self.stats = Stats()
         self._caps: dict[
             int, tuple[float, bytes | None]
@@ -265,8 +275,34 @@ class Fs3Operations(pyfuse3.Operations):
     # ================================================================== helpers
 
     async def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run one client-core coroutine on the bridge loop and await it from trio."""
-        return await self.bridge.trio_run(coro)
+        """Await one client-core coroutine: the client runs on this loop (no crossing)."""
+        return await coro
+
+    # ------------------------------------------------------------------ background tasks
+
+    def start(self) -> None:
+        """Start background work (age flusher); background writes run as tasks from now on."""
+        self._running = True
+        self._spawn(self.age_flusher())
+
+    async def stop(self) -> None:
+        """Cancel and wait for every background task (after :meth:`drain`, before unmount)."""
+        self._running = False
+        while self._tasks:
+            tasks = list(self._tasks)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task failed", exc_info=task.exception())
 
     def _caller(self, ctx: pyfuse3.RequestContext) -> Caller:
         key = (int(ctx.uid), int(ctx.gid), int(ctx.pid))
@@ -359,11 +395,11 @@ class Fs3Operations(pyfuse3.Operations):
         rng = (off, end)
         ist.inflight.append(rng)
         if ist.idle.is_set():
-            ist.idle = trio.Event()
-        if self.nursery is None:  # no background nursery (not running): write inline
+            ist.idle = asyncio.Event()
+        if not self._running:  # no background tasks (not running): write inline
             await self._bg_write(ist, of, rng, data)
         else:
-            self.nursery.start_soon(self._bg_write, ist, of, rng, data)
+            self._spawn(self._bg_write(ist, of, rng, data))
 
     async def _bg_write(
         self, ist: InodeState, of: OpenFile, rng: tuple[int, int], data: bytes
@@ -379,10 +415,16 @@ class Fs3Operations(pyfuse3.Operations):
                 if f.h.writable:
                     f.error = e
             of.error = e
-        except trio.Cancelled:
+        except asyncio.CancelledError:
             of.error = FsError(Code.CANCELLED, "write cancelled")
-            raise
-        except BaseException as e:  # noqa: BLE001 - incl. asyncio.CancelledError: recorded, never raised here
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this task is being cancelled (shutdown)
+            log.warning("background write of inode %d [%d, %d) cancelled", ist.inode, *rng)
+            for f in ist.files:
+                if f.h.writable:
+                    f.error = of.error
+        except BaseException as e:  # noqa: BLE001 - recorded, never raised here
             log.exception("background write of inode %d failed", ist.inode)
             for f in ist.files:
                 if f.h.writable:
@@ -448,16 +490,14 @@ class Fs3Operations(pyfuse3.Operations):
         """Flush write buffers that sat partly filled for ``write_buffer_age_s``."""
         age = float(self.cfg.write_buffer_age_s)
         while True:
-            await trio.sleep(max(0.05, age / 2))
+            await asyncio.sleep(max(0.05, age / 2))
             now = time.monotonic()
             try:
                 for ist in list(self.inodes.values()):
                     if ist.buf and now - ist.buf_since >= age and not ist.lock.locked():
                         async with ist.lock:
                             await self._start_flush(ist)
-            except (
-                Exception
-            ):  # this task shares a nursery with the FUSE loop: never let it end the mount
+            except Exception:  # a background task: log, keep flushing
                 log.exception("periodic write-buffer flush failed")
 
     # ================================================================== namespace
@@ -825,15 +865,15 @@ class Fs3Operations(pyfuse3.Operations):
     def _invalidate_soon(self, ino: int) -> None:
         """Drop the kernel's cached attributes and pages of ``ino``, from a worker thread.
 
-        Never from the trio thread: the kernel may wait for a page lock held by a
-        read request that only this daemon can answer.
+        Never from the loop's thread: the kernel may wait for a page lock held by a
+        read request that only this daemon (its loop) can answer.
         """
-        if self.nursery is not None:
-            self.nursery.start_soon(self._invalidate, ino)
+        if self._running:
+            self._spawn(self._invalidate(ino))
 
     async def _invalidate(self, ino: int) -> None:
         try:
-            await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ino, False)
+            await asyncio.to_thread(pyfuse3.invalidate_inode, ino, False)
         except OSError:
             pass  # the kernel does not know the inode (any more): nothing cached
 
@@ -1017,11 +1057,11 @@ class UsrbioBackend:
         return await self.ops._call(self.ops.client.readinto(of.h, file_offset, dest))
 
     async def read_batch(self, ios: list[tuple[int, int, memoryview]]) -> list[int | BaseException]:
-        """Every read of one ring batch in one bridge crossing (see fs3.usrbio.agent).
+        """Every read of one ring batch started together (see fs3.usrbio.agent).
 
-        The reads start together on the client's loop, so its read batcher
-        sends them to each storage node as one request. Each result is the
-        byte count or that read's own exception.
+        The reads start together on the client's loop (the agent's own loop:
+        no crossing), so its read batcher sends them to each storage node as
+        one request. Each result is the byte count or that read's own exception.
         """
         out: list[int | BaseException | None] = [None] * len(ios)
         todo: list[tuple[int, OpenFile, int, memoryview]] = []
@@ -1037,13 +1077,10 @@ class UsrbioBackend:
         if todo:
             client = self.ops.client
 
-            async def run_all() -> list[Any]:
-                return await asyncio.gather(
-                    *(client.readinto(of.h, off, dest) for _, of, off, dest in todo),
-                    return_exceptions=True,
-                )
-
-            got = await self.ops._call(run_all())
+            got = await asyncio.gather(
+                *(client.readinto(of.h, off, dest) for _, of, off, dest in todo),
+                return_exceptions=True,
+            )
             for (i, _, _, _), r in zip(todo, got, strict=True):
                 out[i] = r
         return [r if r is not None else FsError(Code.INTERNAL, "read not run") for r in out]
