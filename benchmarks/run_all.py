@@ -793,6 +793,12 @@ def render_markdown(report: dict[str, Any], res: Results) -> str:
             f"Meta latency growth (median of {g['probe_ops']} ops, ms): at 1,000 entries {g['at_small']}, "
             f"at {g['entries_big']:,} entries {g['at_big']}.",
         ]
+    if report.get("growth_source"):
+        lines += [
+            "",
+            f"The growth checks (meta latency growth, storage RSS) were not measured in this run; "
+            f"they come from {report['growth_source']}.",
+        ]
     notes = [f"- {sys_}: {fig}: {n}" for sys_, d in report["notes"].items() for fig, n in d.items()]
     if notes:
         lines += ["", "## Notes", ""] + notes
@@ -825,6 +831,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--workdir", help="scratch dir on the disk to measure (default: a temp dir in /var/tmp)"
+    )
+    p.add_argument(
+        "--growth-from",
+        help="take the growth checks (meta latency growth, storage RSS) from an earlier report's JSON "
+        "instead of measuring them (filling 100,000 entries takes longer than the rest); "
+        "the report names the source, its date and commit",
     )
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument(
@@ -951,7 +963,17 @@ def main(argv: list[str] | None = None) -> int:
                     except Exception as e:  # noqa: BLE001
                         res.error("fs3_usrbio_tcp", f"{type(e).__name__}: {e}")
                         say(f"fs3: tcp mount failed: {e}")
-            if a.growth_entries > 0:
+            if a.growth_from:
+                src = json.loads(Path(a.growth_from).read_text())
+                for key in ("meta_growth", "storage_rss"):
+                    if src.get(key):
+                        extra[key] = src[key]
+                extra["growth_source"] = (
+                    f"{a.growth_from} ({src.get('date', '?')}, fs3 "
+                    f"{src.get('machine', {}).get('fs3_commit', '?')})"
+                )
+                say(f"growth checks taken from {extra['growth_source']}")
+            elif a.growth_entries > 0:
                 try:
                     growth_checks(cluster, str(mnt), a.growth_entries, 200, rss_sizes, extra)
                 except Exception as e:  # noqa: BLE001
