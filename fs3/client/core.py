@@ -527,21 +527,19 @@ class AsyncClient:
         self, caller: Caller, parent: int, name: str | bytes
     ) -> meta_pb2.RemoveResponse:
         """Remove a non-directory entry (the inode lives on while write sessions hold it)."""
-        r = await self.meta.call(
-            "Unlink",
-            meta_pb2.RemoveRequest(
-                user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name)
-            ),
-        )
-        self._parent_changed(r)
-        return r  # type: ignore[no-any-return]
+        return await self._remove("Unlink", caller, parent, name)
 
     async def rmdir(
         self, caller: Caller, parent: int, name: str | bytes
     ) -> meta_pb2.RemoveResponse:
         """Remove an empty directory."""
+        return await self._remove("Rmdir", caller, parent, name)
+
+    async def _remove(
+        self, method: str, caller: Caller, parent: int, name: str | bytes
+    ) -> meta_pb2.RemoveResponse:
         r = await self.meta.call(
-            "Rmdir",
+            method,
             meta_pb2.RemoveRequest(
                 user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name)
             ),
