@@ -259,3 +259,19 @@ class ProcessCluster:
         import fs3
 
         return fs3.connect(self.cluster_file, **kwargs)
+
+
+def failover_client_config() -> Any:
+    """A client config for tests that kill servers: short RPC timeouts, fast routing refresh.
+
+    The retry deadline stays long (45 s) so an operation rides out a node's
+    removal from its chain; each attempt gives up after 3 s so a dead node is
+    noticed quickly.
+    """
+    from fs3 import config as fs3config
+
+    cfg = fs3config.load(fs3config.ClientConfig, None, env={})
+    cfg.client.retry_deadline_s = 45.0
+    cfg.client.rpc_timeout_s = 3.0
+    cfg.client.routing_refresh_s = 0.5
+    return cfg

@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from fs3 import config as fs3config
-from fs3.testing.cluster import ProcessCluster
+from fs3.testing.cluster import ProcessCluster, failover_client_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -33,14 +32,6 @@ def cluster() -> Iterator[ProcessCluster]:
         overrides={"storage": {"storage": {"fsync": False}}},
     ) as c:
         yield c
-
-
-def _client_config() -> fs3config.ClientConfig:
-    cfg = fs3config.load(fs3config.ClientConfig, None, env={})
-    cfg.client.retry_deadline_s = 45.0
-    cfg.client.rpc_timeout_s = 3.0
-    cfg.client.routing_refresh_s = 0.5
-    return cfg
 
 
 def _run_in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
@@ -66,7 +57,7 @@ def _wait(cond: Any, timeout: float, what: str) -> None:
 
 
 def test_meta_server_killed_during_namespace_ops(cluster: ProcessCluster) -> None:
-    c = cluster.connect(config=_client_config())
+    c = cluster.connect(config=failover_client_config())
     try:
         c.mkdir("/mf")
         used = c.core.meta._current
@@ -100,7 +91,7 @@ def test_meta_server_killed_during_namespace_ops(cluster: ProcessCluster) -> Non
 
 
 def test_storage_node_killed_during_writes_and_reads(cluster: ProcessCluster) -> None:
-    cfg = _client_config()
+    cfg = failover_client_config()
     c = cluster.connect(config=cfg)
     try:
         rng = random.Random(99)

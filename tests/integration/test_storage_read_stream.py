@@ -17,12 +17,11 @@ from typing import Any
 
 import pytest
 
-from fs3 import config as fs3config
 from fs3.errors import Code
 from fs3.proto import storage_pb2, storage_pb2_grpc
 from fs3.rpc.channel import BidiStream, insecure_channel
 from fs3.storage.operator import MAX_READ_IOS
-from fs3.testing.cluster import ProcessCluster
+from fs3.testing.cluster import ProcessCluster, failover_client_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -43,14 +42,6 @@ def cluster() -> Iterator[ProcessCluster]:
         yield c
 
 
-def _client_config() -> fs3config.ClientConfig:
-    cfg = fs3config.load(fs3config.ClientConfig, None, env={})
-    cfg.client.retry_deadline_s = 45.0
-    cfg.client.rpc_timeout_s = 3.0
-    cfg.client.routing_refresh_s = 0.5
-    return cfg
-
-
 def _storage_addresses(cluster: ProcessCluster) -> dict[str, str]:
     return {p.name: p.address for p in cluster._state().processes if p.role == "storage"}
 
@@ -64,7 +55,7 @@ def _wait(cond: Any, timeout: float, what: str) -> None:
 
 
 def test_bad_request_does_not_end_the_stream(cluster: ProcessCluster) -> None:
-    c = cluster.connect(config=_client_config())
+    c = cluster.connect(config=failover_client_config())
     try:
         data = random.Random(1).randbytes(3 * PIECE)
         with c.open("/rs-bad", "wb") as f:
@@ -130,7 +121,7 @@ def test_bad_request_does_not_end_the_stream(cluster: ProcessCluster) -> None:
 
 def test_node_killed_mid_stream_then_restarted(cluster: ProcessCluster) -> None:
     cluster.wait_serving(60)
-    c = cluster.connect(config=_client_config())
+    c = cluster.connect(config=failover_client_config())
     try:
         data = random.Random(2).randbytes(40 * PIECE)
         with c.open("/rs-kill", "wb") as f:
