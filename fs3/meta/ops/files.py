@@ -48,10 +48,18 @@ def _max_size(attr: meta_pb2.Attr) -> int:
     return (MAX_CHUNK_INDEX + 1) * cs
 
 
+# The kernel opens a program for execve(2) with this bit (``__FMODE_EXEC``) in
+# the open flags it passes on (FUSE forwards them): such an open needs execute
+# permission, not read permission, so a mode --x program can run.
+FMODE_EXEC = 0x20
+
+
 def _access_mask(flags: int) -> int:
     acc = flags & os.O_ACCMODE
     if acc == 3:
         raise posix(errno.EINVAL, "invalid access mode O_ACCMODE")
+    if flags & FMODE_EXEC and acc == os.O_RDONLY and not flags & os.O_TRUNC:
+        return perms.X
     mask = 0
     if acc in (os.O_RDONLY, os.O_RDWR):
         mask |= perms.R
