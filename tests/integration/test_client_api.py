@@ -794,3 +794,29 @@ def test_fallocate_through_the_python_api(cluster: ProcessCluster, client: Any) 
         client.fallocate(f, 0, 0, 10)
     assert e.value.errno == errno.EBADF
     assert check_replicas(cluster) == []
+
+
+def test_write_by_non_root_clears_setid_bits_on_any_path(
+    cluster: ProcessCluster, client: Any
+) -> None:
+    """The Python API's writes (no kernel in the path) drop S_ISUID/S_ISGID like Linux writes do."""
+    client.makedirs("/setid", exist_ok=True)
+    client.chmod("/setid", 0o777)
+    with client.open("/setid/prog", "wb") as f:
+        f.write(b"#!/bin/sh\n")
+    client.chmod("/setid/prog", 0o6777)
+    nobody = cluster.connect(uid=65534, gid=65534)
+    try:
+        with nobody.open("/setid/prog", "r+b") as f:
+            f.seek(2)
+            f.write(b"X")  # an overwrite: the length does not change
+        assert stat.S_IMODE(client.stat("/setid/prog").st_mode) == 0o777
+        client.chmod("/setid/prog", 0o6777)
+        with nobody.open("/setid/prog", "rb") as f:
+            assert f.read(2) == b"#!"  # reading changes nothing
+        assert stat.S_IMODE(client.stat("/setid/prog").st_mode) == 0o6777
+    finally:
+        nobody.close()
+    with client.open("/setid/prog", "ab") as f:
+        f.write(b"echo\n")  # root keeps them (CAP_FSETID)
+    assert stat.S_IMODE(client.stat("/setid/prog").st_mode) == 0o6777

@@ -180,13 +180,24 @@ def _apply_report(
             raise posix(errno.EFBIG, f"length {hint} exceeds the layout's maximum")
         a.size = hint
         changed = True
+    wrote = changed
     if mtime is not None and (mtime.sec or mtime.nsec):
         a.mtime.CopyFrom(mtime)
         if S.ts_ns(mtime) > S.ts_ns(a.ctime):
             a.ctime.CopyFrom(mtime)
-        changed = True
+        changed = wrote = True
     elif changed:
         touch(a, ctx.now_ns)
+    if wrote and not perms.is_root(ctx.user):
+        # A write by anyone but root drops S_ISUID/S_ISGID, as Linux does
+        # (file_remove_privs), whatever path the data took: the kernel's own
+        # setattr covers buffered FUSE writes, this covers the rest (the Python
+        # API, USRBIO), which meta learns of only through these reports.
+        cleared = perms.should_clear_suid_sgid(a.mode)
+        if cleared != a.mode:
+            a.mode = cleared
+            touch(a, ctx.now_ns, mtime=False)
+            changed = True
     return changed
 
 
