@@ -248,7 +248,13 @@ class InodeState:
 
 @dataclass(eq=False)
 class DirHandle:
-    """An open directory: offsets handed to the kernel map to the entry names they follow."""
+    """An open directory: offsets handed to the kernel map to the entry names they follow.
+
+    Each name gets one offset for the life of the handle (``ids``), whatever
+    was added or removed meanwhile and however often it is listed again, so a
+    telldir() value stays valid until closedir() and the maps grow only with
+    the distinct names seen, not with every pass (rewinddir loops).
+    """
 
     inode: int
     caller: Caller
@@ -256,6 +262,7 @@ class DirHandle:
     #: directory after it was removed (meta deletes an empty directory at once)
     attr: meta_pb2.Attr
     names: dict[int, bytes] = field(default_factory=dict)
+    ids: dict[bytes, int] = field(default_factory=dict)
     next_id: int = 3  # 1 and 2 follow "." and ".."
     # Entries fetched from meta but not yet taken by the kernel (its buffer
     # holds ~25 entries with attributes per readdir call), valid for a resume
@@ -883,13 +890,15 @@ class Fs3Operations(pyfuse3.Operations):
                 if not e.HasField("attr"):
                     cursor = name
                     continue  # removed between listing and loading; skip it
-                nid = d.next_id
+                nid = d.ids.get(name)
+                if nid is None:
+                    nid = d.ids[name] = d.next_id
+                    d.names[nid] = name
+                    d.next_id += 1
                 if not pyfuse3.readdir_reply(token, name, self._entry(e.attr), nid):
                     d.buffer, d.buffer_after, d.buffer_more = list(entries[i:]), cursor, more
                     return
                 cursor = name
-                d.names[nid] = name
-                d.next_id += 1
             if not more or not entries:
                 return
 

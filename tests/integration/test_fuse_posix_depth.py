@@ -291,6 +291,43 @@ def test_readdir_offsets_stable_across_changes(d: Path, helper: str) -> None:
     assert r.stdout.strip() == "ok", r.stdout + r.stderr
 
 
+def test_readdir_offsets_are_per_entry_cookies(d: Path) -> None:
+    """The same entry has the same offset in every pass over one handle (lseek to it resumes there)."""
+    for i in range(40):
+        (d / f"n{i:03d}").write_bytes(b"")
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        first = _dir_offsets(fd)
+        os.unlink(d / "n005")
+        (d / "n0055").write_bytes(b"")
+        second = _dir_offsets(fd)  # _dir_offsets rewinds first
+        common = set(first) & set(second)
+        assert len(common) >= 39 and all(first[n] == second[n] for n in common)
+    finally:
+        os.close(fd)
+
+
+def _dir_offsets(fd: int) -> dict[str, int]:
+    """name -> d_off of every entry, read with getdents64 from the start of ``fd``."""
+    buf = ctypes.create_string_buffer(1 << 16)
+    os.lseek(fd, 0, os.SEEK_SET)
+    out: dict[str, int] = {}
+    while True:
+        n = _libc.syscall(217, fd, buf, len(buf))  # SYS_getdents64 (x86_64)
+        if n < 0:
+            raise OSError(ctypes.get_errno(), "getdents64")
+        if n == 0:
+            return out
+        raw = buf.raw[:n]
+        pos = 0
+        while pos < n:
+            d_off = int.from_bytes(raw[pos + 8 : pos + 16], "little")
+            reclen = int.from_bytes(raw[pos + 16 : pos + 18], "little")
+            name = raw[pos + 19 : pos + reclen].split(b"\0", 1)[0].decode()
+            out[name] = d_off
+            pos += reclen
+
+
 AT_EMPTY_PATH = 0x1000
 AT_STATX_FORCE_SYNC = 0x2000
 STATX_BASIC_STATS = 0x7FF
