@@ -155,8 +155,15 @@ class LowLevelHooks:
         loop = asyncio.get_running_loop()
 
         def on_fallocate(req: int, ino: int, mode: int, off: int, length: int, fi: int) -> None:
-            fh = ctypes.c_uint64.from_address(fi + _FH_OFFSET).value if fi else 0
-            task = loop.create_task(self._serve(req, handler(ino, fh, mode, off, length)))
+            # An exception escaping a ctypes callback is only printed: the request
+            # would never be answered and the caller would hang. Answer EIO instead.
+            try:
+                fh = ctypes.c_uint64.from_address(fi + _FH_OFFSET).value if fi else 0
+                task = loop.create_task(self._serve(req, handler(ino, fh, mode, off, length)))
+            except Exception:  # noqa: BLE001
+                log.exception("fallocate request could not be started (answered EIO)")
+                reply(ctypes.c_void_p(req), errno.EIO)
+                return
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 

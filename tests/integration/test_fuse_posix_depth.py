@@ -14,6 +14,7 @@ import ctypes
 import ctypes.util
 import errno
 import mmap
+import random
 import os
 import shutil
 import stat
@@ -47,7 +48,7 @@ _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_
 
 def fallocate(fd: int, mode: int, off: int, length: int) -> None:
     if _libc.fallocate(fd, mode, off, length) != 0:
-        e = ctypes.geterrno_of()
+        e = ctypes.get_errno()
         raise OSError(e, os.strerror(e))
 
 
@@ -338,7 +339,7 @@ def statx_synced(fd: int) -> tuple[int, int, int]:
     buf = ctypes.create_string_buffer(256)
     r = _libc.statx(fd, b"", AT_EMPTY_PATH | AT_STATX_FORCE_SYNC, STATX_BASIC_STATS, buf)
     if r != 0:
-        e = ctypes.geterrno_of()
+        e = ctypes.get_errno()
         raise OSError(e, os.strerror(e))
     raw = buf.raw
     nlink = int.from_bytes(raw[16:20], "little")
@@ -386,3 +387,93 @@ def test_fstat_of_open_directory_replaced_by_rename(d: Path) -> None:
         assert statx_synced(fd)[:2] == (ino, 0)
     finally:
         os.close(fd)
+
+
+# ---------------------------------------------------------------------------- all paths at once
+
+
+def test_random_ops_over_every_io_path_stay_coherent(d: Path) -> None:
+    """fsx-style: random buffered, O_DIRECT and mmap I/O, truncate and fallocate on one file.
+
+    Every read (through any path) must match a model of the file. O_DIRECT
+    requests are page aligned; mappings are made per operation (a truncate
+    must not leave one pointing past the end).
+    """
+    rng = random.Random(2024)
+    f = d / "fsx"
+    model = bytearray()
+    fd = os.open(f, os.O_CREAT | os.O_RDWR, 0o644)
+    dfd = os.open(f, os.O_RDWR | os.O_DIRECT)
+    page = 4096
+    limit = 3 * CHUNK
+    abuf = mmap.mmap(-1, 16 * page)  # page-aligned memory for O_DIRECT
+
+    def put(off: int, data: bytes) -> None:
+        if off > len(model):
+            model.extend(bytes(off - len(model)))
+        model[off : off + len(data)] = data
+
+    try:
+        for step in range(400):
+            op = rng.choice(
+                ["write", "write", "read", "dwrite", "dread", "mread", "mwrite"]
+                + ["truncate", "punch", "zero", "alloc"]
+            )
+            size = len(model)
+            what = f"step {step}: {op} (size {size})"
+            if op == "write":
+                off, n = rng.randrange(limit), rng.randrange(1, 65536)
+                data = rng.randbytes(n)
+                assert os.pwrite(fd, data, off) == n, what
+                put(off, data)
+            elif op == "read" and size:
+                off = rng.randrange(size)
+                n = rng.randrange(1, 65536)
+                assert os.pread(fd, n, off) == bytes(model[off : off + n]), what
+            elif op == "dwrite":
+                off = rng.randrange(limit // page) * page
+                n = rng.randrange(1, 17) * page
+                data = rng.randbytes(n)
+                abuf[:n] = data
+                assert os.pwritev(dfd, [memoryview(abuf)[:n]], off) == n, what
+                put(off, data)
+            elif op == "dread" and size:
+                off = rng.randrange(size) // page * page
+                n = rng.randrange(1, 17) * page
+                got = os.preadv(dfd, [memoryview(abuf)[:n]], off)
+                assert abuf[:got] == bytes(model[off : off + n]), what
+            elif op in ("mread", "mwrite") and size:
+                with mmap.mmap(fd, size) as m:
+                    off = rng.randrange(size)
+                    n = min(rng.randrange(1, 65536), size - off)
+                    if op == "mread":
+                        assert m[off : off + n] == bytes(model[off : off + n]), what
+                    else:
+                        data = rng.randbytes(n)
+                        m[off : off + n] = data
+                        put(off, data)
+                        if rng.random() < 0.5:
+                            m.flush()
+            elif op == "truncate":
+                n = rng.randrange(limit)
+                os.ftruncate(fd, n)
+                del model[n:]
+                model.extend(bytes(n - len(model)))
+            elif op in ("punch", "zero", "alloc"):
+                off, n = rng.randrange(limit), rng.randrange(1, CHUNK + CHUNK // 2)
+                keep = op == "punch" or rng.random() < 0.5
+                mode = {"punch": FALLOC_FL_PUNCH_HOLE, "zero": FALLOC_FL_ZERO_RANGE, "alloc": 0}[op]
+                fallocate(fd, mode | (FALLOC_FL_KEEP_SIZE if keep else 0), off, n)
+                if op != "alloc":
+                    end = min(off + n, len(model))
+                    if off < end:
+                        model[off:end] = bytes(end - off)
+                if not keep and off + n > len(model):
+                    model.extend(bytes(off + n - len(model)))
+            assert os.fstat(fd).st_size == len(model), what
+    finally:
+        os.close(dfd)
+        os.close(fd)
+        abuf.close()
+    with open(f, "rb") as fh:
+        assert fh.read() == bytes(model)
