@@ -14,8 +14,8 @@ import ctypes
 import ctypes.util
 import errno
 import mmap
-import random
 import os
+import random
 import shutil
 import stat
 import subprocess
