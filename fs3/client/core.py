@@ -193,6 +193,12 @@ class _Prefetch:
     task: asyncio.Task[bytes]
 
 
+# fallocate(2) mode bits (linux/falloc.h).
+FALLOC_FL_KEEP_SIZE = 0x01
+FALLOC_FL_PUNCH_HOLE = 0x02
+FALLOC_FL_ZERO_RANGE = 0x10
+
+
 def _ts(ns: int) -> common_pb2.Timespec:
     return common_pb2.Timespec(sec=ns // 1_000_000_000, nsec=ns % 1_000_000_000)
 
@@ -438,6 +444,59 @@ class AsyncClient:
                 await self._trim(attr, size)
             self._after_truncate(attr)
         return self._overlay(attr)
+
+    async def fallocate(
+        self, fh: FileHandle, mode: int, offset: int, length: int
+    ) -> meta_pb2.Attr | None:
+        """fallocate(2) on an open handle: allocate, punch a hole or zero a range.
+
+        ``mode`` 0 allocates storage for [offset, offset+length) (replicated
+        chunk EXTENDs; only within the file unless the file grows) and grows the
+        file to cover it; FALLOC_FL_KEEP_SIZE keeps the length.
+        FALLOC_FL_PUNCH_HOLE (always with KEEP_SIZE, as Linux requires) and
+        FALLOC_FL_ZERO_RANGE make the range read as zeros: chunks wholly inside
+        are removed on every replica, the edges are overwritten with zeros
+        through the chain; ZERO_RANGE without KEEP_SIZE also grows the file.
+        Other modes (collapse, insert, unshare) fail with EOPNOTSUPP. Returns
+        the new attributes when the length changed, else None.
+        """
+        self._check_open(fh)
+        if mode & ~(FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE):
+            raise posix(_errno.EOPNOTSUPP, f"fallocate mode {mode:#x} is not supported")
+        if mode & FALLOC_FL_PUNCH_HOLE and (
+            not mode & FALLOC_FL_KEEP_SIZE or mode & FALLOC_FL_ZERO_RANGE
+        ):
+            raise posix(_errno.EOPNOTSUPP, "PUNCH_HOLE needs KEEP_SIZE and excludes ZERO_RANGE")
+        if offset < 0 or length <= 0:
+            raise posix(_errno.EINVAL, "fallocate needs offset >= 0 and length > 0")
+        if not fh.writable:
+            raise posix(_errno.EBADF, "file not open for writing")
+        end = offset + length
+        if end > layout_of(fh.attr).max_file_size():
+            raise posix(_errno.EFBIG)
+        # Settle what was written before, so the range applies to a known length
+        # and no write in flight lands on a punched range afterwards.
+        await self._wait_inode(fh.inode)
+        for h in self._handles_of(fh.inode):
+            if h.dirty:
+                await self._report(h)
+        size = int((await self.getattr(ROOT, fh.inode)).size)
+        inode, chains, cs = fh.inode, fh.chains, fh.chunk_size
+        grows = not mode & FALLOC_FL_KEEP_SIZE and end > size
+        if chains:
+            if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE):
+                await self.storage.zero_range(inode, chains, cs, offset, min(end, size))
+                for h in self._handles_of(inode):
+                    self._drop_prefetch(h)
+                fh.write_mtime_ns = time.time_ns()  # data changed: reported like a write's
+                fh.dirty = True
+            else:
+                upto = end if grows else min(end, size)
+                if offset < upto:
+                    await self.storage.allocate(inode, chains, cs, offset, upto)
+        if not grows:
+            return None
+        return await self.setattr(fh.caller, inode, size=end, fh=fh)
 
     async def mknod(
         self, caller: Caller, parent: int, name: str | bytes, mode: int, rdev: int = 0

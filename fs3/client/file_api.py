@@ -672,6 +672,23 @@ class Client:
         """``os.fsync`` for an fs3 file object: data and length durable on return."""
         file.fsync()
 
+    def fallocate(self, file: Any, mode: int, offset: int, length: int) -> None:
+        """fallocate(2) on an fs3 file object (modes 0, KEEP_SIZE, PUNCH_HOLE|KEEP_SIZE, ZERO_RANGE).
+
+        Buffered writes of ``file`` are flushed first. See AsyncClient.fallocate.
+        """
+        file.flush()
+        raw = file
+        while not isinstance(raw, RawFile):
+            raw = getattr(raw, "buffer", None) or getattr(raw, "raw", None)
+            if raw is None:
+                raise TypeError("not an fs3 file object")
+        raw.fallocate(mode, offset, length)
+
+    def posix_fallocate(self, file: Any, offset: int, length: int) -> None:
+        """``os.posix_fallocate``: allocate [offset, offset+length), growing the file if needed."""
+        self.fallocate(file, 0, offset, length)
+
 
 # ---------------------------------------------------------------------- file objects
 
@@ -801,6 +818,11 @@ class RawFile(io.RawIOBase):
         """Make data and length durable (``os.fsync`` for fs3 files)."""
         self._checkClosed()
         self._run(self._client.core.fsync(self._h))
+
+    def fallocate(self, mode: int, offset: int, length: int) -> None:
+        """fallocate(2) on this handle (see AsyncClient.fallocate)."""
+        self._checkClosed()
+        self._run(self._client.core.fallocate(self._h, mode, offset, length))
 
     def stat(self) -> os.stat_result:
         """``os.fstat`` of the open file."""

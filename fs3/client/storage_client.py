@@ -746,22 +746,76 @@ class StorageClient:
                 inode, chain_of(chains, idx), chunk_size, idx, new_size % chunk_size
             )
 
-    async def remove_chunks(self, inode: int, chains: Sequence[int], begin: int = 0) -> int:
-        """Remove chunks with index >= ``begin`` of ``inode`` on every chain of the stripe."""
+    async def remove_chunks(
+        self, inode: int, chains: Sequence[int], begin: int = 0, end: int = 0
+    ) -> int:
+        """Remove chunks with ``begin <= index < end`` (end 0: no limit) on every chain of the stripe."""
         counts = await self._bounded(
-            [self._remove_on_chain(inode, c, begin) for c in dict.fromkeys(chains)]
+            [self._remove_on_chain(inode, c, begin, end) for c in dict.fromkeys(chains)]
         )
         return sum(counts)
 
-    async def _remove_on_chain(self, inode: int, chain_id: int, begin: int) -> int:
+    async def zero_range(
+        self, inode: int, chains: Sequence[int], chunk_size: int, start: int, end: int
+    ) -> None:
+        """Make file bytes [start, end) read as zeros on every replica (punch hole, zero range).
+
+        Chunks wholly inside the range are removed (their space is freed; a
+        missing chunk reads as zeros); the partial chunks at either edge get a
+        write of zeros over their part, through the chain like any write, so
+        every replica holds the same bytes. Callers keep ``end`` within the
+        file's length: a zero write never makes a chunk longer than the file.
+        """
+        if end <= start:
+            return
+        first_whole = -(-start // chunk_size)
+        end_whole = end // chunk_size
+        pieces: list[tuple[int, int]] = []
+        if first_whole >= end_whole:
+            pieces.append((start, end))
+        else:
+            await self.remove_chunks(inode, chains, first_whole, end_whole)
+            if start < first_whole * chunk_size:
+                pieces.append((start, first_whole * chunk_size))
+            if end_whole * chunk_size < end:
+                pieces.append((end_whole * chunk_size, end))
+        for a, b in pieces:
+            await self.write(inode, chains, chunk_size, a, bytes(b - a))
+
+    async def allocate(
+        self, inode: int, chains: Sequence[int], chunk_size: int, start: int, end: int
+    ) -> None:
+        """Zero-extend every chunk under [start, end) to cover it (fallocate's allocation).
+
+        Replicated EXTEND updates: they never shrink a chunk nor touch its bytes.
+        """
+        first = start // chunk_size
+        last = (end - 1) // chunk_size
+        await self._bounded(
+            [
+                self._truncate_chunk(
+                    inode,
+                    chain_of(chains, idx),
+                    chunk_size,
+                    idx,
+                    min(chunk_size, end - idx * chunk_size),
+                    only_extend=True,
+                )
+                for idx in range(first, last + 1)
+            ]
+        )
+
+    async def _remove_on_chain(self, inode: int, chain_id: int, begin: int, end: int = 0) -> int:
         total = 0
         while True:
-            removed, more = await self._remove_once(inode, chain_id, begin)
+            removed, more = await self._remove_once(inode, chain_id, begin, end)
             total += removed
             if not more:
                 return total
 
-    async def _remove_once(self, inode: int, chain_id: int, begin: int) -> tuple[int, bool]:
+    async def _remove_once(
+        self, inode: int, chain_id: int, begin: int, end: int = 0
+    ) -> tuple[int, bool]:
         channel, seq = await self._channels.acquire()
         tag = self._tag(channel, seq)
         deadline = Deadline(self._policy.deadline_s)
@@ -774,7 +828,7 @@ class StorageClient:
                         storage_pb2.RemoveChunksOp(
                             chain_id=chain_id,
                             chain_version=version,
-                            range=storage_pb2.ChunkRange(inode=inode, begin=begin, end=0),
+                            range=storage_pb2.ChunkRange(inode=inode, begin=begin, end=end),
                             tag=tag,
                         )
                     ]
@@ -805,7 +859,14 @@ class StorageClient:
             await self._channels.release(channel)
 
     async def _truncate_chunk(
-        self, inode: int, chain_id: int, chunk_size: int, index: int, length: int
+        self,
+        inode: int,
+        chain_id: int,
+        chunk_size: int,
+        index: int,
+        length: int,
+        *,
+        only_extend: bool = False,
     ) -> None:
         channel, seq = await self._channels.acquire()
         tag = self._tag(channel, seq)
@@ -822,7 +883,7 @@ class StorageClient:
                             chunk=storage_pb2.ChunkId(inode=inode, index=index),
                             length=length,
                             chunk_size=chunk_size,
-                            only_extend=False,
+                            only_extend=only_extend,
                             tag=tag,
                         )
                     ]

@@ -292,6 +292,7 @@ async def _serve_async(
             log.exception("closing the client failed")
         code[0] = 1
         return
+    ops.lowlevel.install_fallocate(ops.fallocate)
     loop = asyncio.get_running_loop()
     signalled: list[int] = []
     sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

@@ -47,6 +47,19 @@ Design decisions (issue 6; the reasons are in the docstrings below):
 * **readdir offsets** survive concurrent changes: meta pages by name, and each
   open directory handle maps the offsets it hands out to the name of the entry
   they follow, so a resumed listing continues strictly after that name.
+* **O_DIRECT** opens are not served in FUSE direct-I/O mode (see
+  :class:`OpenFile`): mmap works, set-id bits are cleared, caches stay coherent.
+* **Exec** opens carry ``__FMODE_EXEC`` in their flags; meta then checks
+  execute permission instead of read (``fs3.meta.ops.files``), so a mode
+  ``--x`` program runs.
+* **fallocate** is bound into libfuse by :mod:`fs3.fuse.lowlevel` (pyfuse3
+  has no handler for it) and served by :meth:`Fs3Operations.fallocate`.
+* **O_TMPFILE** cannot be served: the kernel sends FUSE_TMPFILE (opcode 51,
+  Linux >= 6.1), but libfuse 3.14 (the version this system ships, protocol
+  7.31) has no handler for it and answers ENOSYS, which the kernel turns into
+  EOPNOTSUPP for the mount (what applications fall back on); pyfuse3 3.5.0 has
+  no tmpfile handler either, and libfuse's dispatch table for unknown opcodes
+  cannot be extended from outside the library.
 """
 
 from __future__ import annotations
@@ -65,8 +78,16 @@ from typing import Any, ParamSpec, TypeVar
 import pyfuse3
 
 from fs3 import config as _config
-from fs3.client.core import ROOT, AsyncClient, Caller, FileHandle
+from fs3.client.core import (
+    FALLOC_FL_PUNCH_HOLE,
+    FALLOC_FL_ZERO_RANGE,
+    ROOT,
+    AsyncClient,
+    Caller,
+    FileHandle,
+)
 from fs3.errors import Code, FsError
+from fs3.fuse.lowlevel import LowLevelHooks
 from fs3.proto import common_pb2, meta_pb2
 
 log = logging.getLogger("fs3.fuse")
@@ -178,7 +199,19 @@ class FuseClient(AsyncClient):
 
 @dataclass(eq=False)
 class OpenFile:
-    """Daemon-side state of one FUSE file handle."""
+    """Daemon-side state of one FUSE file handle.
+
+    ``direct``: opened with O_DIRECT. Its writes skip the daemon's write buffer
+    (they are on storage when write(2) returns). The kernel is *not* told to
+    serve the handle in FUSE direct-I/O mode (``FOPEN_DIRECT_IO``): in that
+    mode mmap fails with ENODEV, the kernel does not drop S_ISUID/S_ISGID
+    before a write (it only flags the write, which pyfuse3 does not pass on),
+    and its cached pages of the inode are left as they were. Without it the
+    kernel still sends every O_DIRECT read and write to the daemon, uncached,
+    but first writes back and afterwards invalidates the cached pages of the
+    range (``generic_file_direct_write``), clears the set-id bits with a
+    ``setattr`` like for any write, and maps the file through the page cache.
+    """
 
     h: FileHandle
     ist: InodeState
@@ -215,11 +248,21 @@ class InodeState:
 
 @dataclass(eq=False)
 class DirHandle:
-    """An open directory: offsets handed to the kernel map to the entry names they follow."""
+    """An open directory: offsets handed to the kernel map to the entry names they follow.
+
+    Each name gets one offset for the life of the handle (``ids``), whatever
+    was added or removed meanwhile and however often it is listed again, so a
+    telldir() value stays valid until closedir() and the maps grow only with
+    the distinct names seen, not with every pass (rewinddir loops).
+    """
 
     inode: int
     caller: Caller
+    #: the directory's attributes when last fetched; they answer fstat(2) on the open
+    #: directory after it was removed (meta deletes an empty directory at once)
+    attr: meta_pb2.Attr
     names: dict[int, bytes] = field(default_factory=dict)
+    ids: dict[bytes, int] = field(default_factory=dict)
     next_id: int = 3  # 1 and 2 follow "." and ".."
     # Entries fetched from meta but not yet taken by the kernel (its buffer
     # holds ~25 entries with attributes per readdir call), valid for a resume
@@ -268,6 +311,8 @@ class Fs3Operations(pyfuse3.Operations):
         self._tasks: set[asyncio.Task[None]] = set()
         self._running = False
         self.stats = Stats()
+        #: libfuse operations pyfuse3 does not bind (fallocate), installed after pyfuse3.init
+        self.lowlevel = LowLevelHooks()
         self._caps: dict[
             int, tuple[float, bytes | None]
         ] = {}  # inode -> (expiry, security.capability)
@@ -288,6 +333,7 @@ class Fs3Operations(pyfuse3.Operations):
     async def stop(self) -> None:
         """Cancel and wait for every background task (after :meth:`drain`, before unmount)."""
         self._running = False
+        await self.lowlevel.stop()
         while self._tasks:
             tasks = list(self._tasks)
             for t in tasks:
@@ -547,7 +593,22 @@ class Fs3Operations(pyfuse3.Operations):
                 e = self._entry(fresh[1])
                 e.attr_timeout = min(self.attr_timeout, left)
                 return e
-        return self._entry(await self._call(self.client.getattr(self._caller(ctx), inode)))
+        try:
+            attr = await self._call(self.client.getattr(self._caller(ctx), inode))
+        except FsError as e:
+            if e.errno != errno.ENOENT:
+                raise
+            # fstat(2) of a directory that is still open here but was removed
+            # (rmdir, or replaced by rename): it stays stat-able until closed,
+            # with no links, as on a local file system. (A removed regular file
+            # is kept by meta while open: its sessions hold it.)
+            gone = next((dh.attr for dh in self.dirs.values() if dh.inode == inode), None)
+            if gone is None:
+                raise
+            attr = meta_pb2.Attr()
+            attr.CopyFrom(gone)
+            attr.nlink = 0
+        return self._entry(attr)
 
     def _drop_dir_attrs(self, *inodes: int) -> None:
         """Forget kept directory attributes that an op through this mount makes stale."""
@@ -783,7 +844,7 @@ class Fs3Operations(pyfuse3.Operations):
         await self._call(self.client.access(caller, inode, os.R_OK))
         dh = self._dir_ids
         self._dir_ids += 1
-        self.dirs[dh] = DirHandle(inode, caller)
+        self.dirs[dh] = DirHandle(inode, caller, attr)
         return dh
 
     @_guard
@@ -793,7 +854,7 @@ class Fs3Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EBADF)
         attr: meta_pb2.Attr | None = None
         if start_id == 0:
-            attr = await self._call(self.client.getattr(d.caller, d.inode))
+            attr = d.attr = await self._call(self.client.getattr(d.caller, d.inode))
             if not pyfuse3.readdir_reply(token, b".", self._entry(attr), 1):
                 return
             start_id = 1
@@ -829,13 +890,15 @@ class Fs3Operations(pyfuse3.Operations):
                 if not e.HasField("attr"):
                     cursor = name
                     continue  # removed between listing and loading; skip it
-                nid = d.next_id
+                nid = d.ids.get(name)
+                if nid is None:
+                    nid = d.ids[name] = d.next_id
+                    d.names[nid] = name
+                    d.next_id += 1
                 if not pyfuse3.readdir_reply(token, name, self._entry(e.attr), nid):
                     d.buffer, d.buffer_after, d.buffer_more = list(entries[i:]), cursor, more
                     return
                 cursor = name
-                d.names[nid] = name
-                d.next_id += 1
             if not more or not entries:
                 return
 
@@ -860,7 +923,7 @@ class Fs3Operations(pyfuse3.Operations):
         if not keep and seen is not None:
             await self._invalidate(ino)  # before replying: the opener must see the new size
         self._seen[ino] = fp
-        return pyfuse3.FileInfo(fh=of.h.fh, direct_io=of.direct, keep_cache=keep and not of.direct)
+        return pyfuse3.FileInfo(fh=of.h.fh, direct_io=False, keep_cache=keep and not of.direct)
 
     def _invalidate_soon(self, ino: int) -> None:
         """Drop the kernel's cached attributes and pages of ``ino``, from a worker thread.
@@ -898,9 +961,9 @@ class Fs3Operations(pyfuse3.Operations):
         h, attr = await self._call(
             self.client.create(self._caller(ctx), parent_inode, name, mode, flags)
         )
-        of = self._register(h, bool(flags & os.O_DIRECT))
+        self._register(h, bool(flags & os.O_DIRECT))
         entry = self._entry(attr)
-        return pyfuse3.FileInfo(fh=h.fh, direct_io=of.direct, keep_cache=False), entry
+        return pyfuse3.FileInfo(fh=h.fh, direct_io=False, keep_cache=False), entry
 
     @_guard
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -965,6 +1028,27 @@ class Fs3Operations(pyfuse3.Operations):
                 if ist.buf_off + len(ist.buf) >= end:
                     await self._start_flush(ist)
         return n
+
+    @_guard
+    async def fallocate(self, inode: int, fh: int, mode: int, off: int, length: int) -> None:
+        """fallocate(2) (bound by fs3.fuse.lowlevel: pyfuse3 has no handler for it).
+
+        The kernel has already written back and, for PUNCH_HOLE/ZERO_RANGE,
+        dropped its cached pages of the range, and refuses modes other than
+        KEEP_SIZE/PUNCH_HOLE/ZERO_RANGE itself (EOPNOTSUPP); this mount's
+        buffered writes are written first so none lands on the range after it.
+        """
+        of = self._file(fh)
+        self._raise_deferred(of)
+        await self._sync_inode(inode, report=True)
+        attr = await self._call(self.client.fallocate(of.h, mode, off, length))
+        ist = of.ist
+        if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE):
+            ist.mtime_ns = time.time_ns()
+        if attr is not None:
+            ist.pending_end = 0
+            ist.pending_tv = int(attr.truncate_version)
+            self._entry(attr)  # what the kernel will see at its next getattr
 
     @_guard
     async def flush(self, fh: int) -> None:

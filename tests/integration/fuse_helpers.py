@@ -216,6 +216,27 @@ def base_of(c: ProcessCluster) -> Path:
     return c.dir.parent
 
 
+@pytest.fixture
+def cluster(fuse_cluster: ProcessCluster) -> ProcessCluster:
+    """The shared FUSE cluster under the name the FUSE test modules use."""
+    return fuse_cluster
+
+
+@pytest.fixture
+def d(fuse_cluster: ProcessCluster) -> Path:
+    """A fresh directory on the mount, writable by everyone (tests drop privileges)."""
+    return fresh_dir(fuse_cluster)
+
+
+def errno_of(fn: object, *args: object) -> int:
+    """The errno ``fn(*args)`` fails with (0 if it succeeds)."""
+    try:
+        fn(*args)  # type: ignore[operator]
+    except OSError as e:
+        return e.errno or 0
+    return 0
+
+
 def fresh_dir(c: ProcessCluster) -> Path:
     """A new directory on the shared mount, writable by everyone (tests drop privileges)."""
     import uuid

@@ -760,3 +760,63 @@ def test_identity_is_checked_by_meta(cluster: ProcessCluster, client: Any) -> No
         assert client.access("/perm/open/f", os.R_OK)
     finally:
         nobody.close()
+
+
+def test_fallocate_through_the_python_api(cluster: ProcessCluster, client: Any) -> None:
+    """Allocate, punch and zero through Client.fallocate: every replica ends up the same."""
+    from fs3.client.core import FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE
+    from fs3.testing.invariants import check_replicas
+
+    data = bytearray(random.Random(11).randbytes(3 * CHUNK + 77))
+    with client.open("/falloc", "wb") as f:
+        f.write(data)
+    ino = client.stat("/falloc").st_ino
+    assert client.bridge.run(_chunks_on_every_target(client.core, ino)) == 4 * 3
+    with client.open("/falloc", "r+b") as f:
+        # Punch chunk 1 whole plus 10 bytes on either side.
+        client.fallocate(f, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, CHUNK - 10, CHUNK + 20)
+        data[CHUNK - 10 : 2 * CHUNK + 10] = bytes(CHUNK + 20)
+        assert client.bridge.run(_chunks_on_every_target(client.core, ino)) == 3 * 3
+        client.fallocate(f, FALLOC_FL_ZERO_RANGE, 3 * CHUNK, 200)  # grows by 123 zeros
+        data[3 * CHUNK :] = bytes(200)
+        client.posix_fallocate(f, 0, 5 * CHUNK)  # grows; allocates chunk 4 on storage
+        data += bytes(5 * CHUNK - len(data))
+        with pytest.raises(OSError) as e:
+            client.fallocate(f, FALLOC_FL_PUNCH_HOLE, 0, 1)  # without KEEP_SIZE
+        assert e.value.errno == errno.EOPNOTSUPP
+        with pytest.raises(OSError) as e:
+            client.fallocate(f, 0x08, 0, CHUNK)  # FALLOC_FL_COLLAPSE_RANGE
+        assert e.value.errno == errno.EOPNOTSUPP
+    assert client.stat("/falloc").st_size == 5 * CHUNK
+    with client.open("/falloc", "rb") as f:
+        assert f.read() == bytes(data)
+    with client.open("/falloc", "rb") as f, pytest.raises(OSError) as e:
+        client.fallocate(f, 0, 0, 10)
+    assert e.value.errno == errno.EBADF
+    assert check_replicas(cluster) == []
+
+
+def test_write_by_non_root_clears_setid_bits_on_any_path(
+    cluster: ProcessCluster, client: Any
+) -> None:
+    """The Python API's writes (no kernel in the path) drop S_ISUID/S_ISGID like Linux writes do."""
+    client.makedirs("/setid", exist_ok=True)
+    client.chmod("/setid", 0o777)
+    with client.open("/setid/prog", "wb") as f:
+        f.write(b"#!/bin/sh\n")
+    client.chmod("/setid/prog", 0o6777)
+    nobody = cluster.connect(uid=65534, gid=65534)
+    try:
+        with nobody.open("/setid/prog", "r+b") as f:
+            f.seek(2)
+            f.write(b"X")  # an overwrite: the length does not change
+        assert stat.S_IMODE(client.stat("/setid/prog").st_mode) == 0o777
+        client.chmod("/setid/prog", 0o6777)
+        with nobody.open("/setid/prog", "rb") as f:
+            assert f.read(2) == b"#!"  # reading changes nothing
+        assert stat.S_IMODE(client.stat("/setid/prog").st_mode) == 0o6777
+    finally:
+        nobody.close()
+    with client.open("/setid/prog", "ab") as f:
+        f.write(b"echo\n")  # root keeps them (CAP_FSETID)
+    assert stat.S_IMODE(client.stat("/setid/prog").st_mode) == 0o6777

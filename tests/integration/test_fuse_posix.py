@@ -28,7 +28,7 @@ from fuse_helpers import (  # noqa: E402 - after register_assert_rewrite
     RENAME_NOREPLACE,
     UTIME_NOW,
     UTIME_OMIT,
-    fresh_dir,
+    errno_of,
     needs_fuse,
     renameat2,
     run_as,
@@ -40,25 +40,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.fuse, needs_fuse, pytest.mark
 
 CHUNK = 1 << 20
 NOBODY = 65534
-
-
-@pytest.fixture
-def cluster(fuse_cluster: ProcessCluster) -> ProcessCluster:
-    return fuse_cluster
-
-
-@pytest.fixture
-def d(fuse_cluster: ProcessCluster) -> Path:
-    """A fresh directory on the mount, writable by everyone (tests drop privileges)."""
-    return fresh_dir(fuse_cluster)
-
-
-def _errno(fn: object, *args: object) -> int:
-    try:
-        fn(*args)  # type: ignore[operator]
-    except OSError as e:
-        return e.errno or 0
-    return 0
 
 
 # ---------------------------------------------------------------------------- files
@@ -74,11 +55,11 @@ def test_create_write_read_stat(d: Path) -> None:
     assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o640
     assert st.st_size == 11 and st.st_nlink == 1 and st.st_uid == 0
     assert f.read_bytes() == b"hello world"
-    assert _errno(os.open, f, os.O_CREAT | os.O_EXCL | os.O_WRONLY) == errno.EEXIST
-    assert _errno(os.open, f, os.O_RDONLY | os.O_DIRECTORY) == errno.ENOTDIR
-    assert _errno(os.open, d, os.O_WRONLY) == errno.EISDIR
-    assert _errno(os.open, d / "missing", os.O_RDONLY) == errno.ENOENT
-    assert _errno(os.stat, d / "a" / "x") == errno.ENOTDIR
+    assert errno_of(os.open, f, os.O_CREAT | os.O_EXCL | os.O_WRONLY) == errno.EEXIST
+    assert errno_of(os.open, f, os.O_RDONLY | os.O_DIRECTORY) == errno.ENOTDIR
+    assert errno_of(os.open, d, os.O_WRONLY) == errno.EISDIR
+    assert errno_of(os.open, d / "missing", os.O_RDONLY) == errno.ENOENT
+    assert errno_of(os.stat, d / "a" / "x") == errno.ENOTDIR
     # O_TRUNC
     fd = os.open(f, os.O_WRONLY | os.O_TRUNC)
     os.close(fd)
@@ -118,13 +99,13 @@ def test_name_too_long_everywhere(d: Path) -> None:
     long = "x" * 256
     ok = "y" * 255
     (d / ok).write_bytes(b"1")  # 255 bytes is fine
-    assert _errno(os.open, d / long, os.O_CREAT | os.O_WRONLY) == errno.ENAMETOOLONG
-    assert _errno(os.mkdir, d / long) == errno.ENAMETOOLONG
-    assert _errno(os.mknod, d / long) == errno.ENAMETOOLONG
-    assert _errno(os.symlink, "t", d / long) == errno.ENAMETOOLONG
-    assert _errno(os.link, d / ok, d / long) == errno.ENAMETOOLONG
-    assert _errno(os.rename, d / ok, d / long) == errno.ENAMETOOLONG
-    assert _errno(os.stat, d / long) == errno.ENAMETOOLONG
+    assert errno_of(os.open, d / long, os.O_CREAT | os.O_WRONLY) == errno.ENAMETOOLONG
+    assert errno_of(os.mkdir, d / long) == errno.ENAMETOOLONG
+    assert errno_of(os.mknod, d / long) == errno.ENAMETOOLONG
+    assert errno_of(os.symlink, "t", d / long) == errno.ENAMETOOLONG
+    assert errno_of(os.link, d / ok, d / long) == errno.ENAMETOOLONG
+    assert errno_of(os.rename, d / ok, d / long) == errno.ENAMETOOLONG
+    assert errno_of(os.stat, d / long) == errno.ENAMETOOLONG
     assert os.statvfs(d).f_namemax == 255
     assert os.pathconf(d, "PC_NAME_MAX") == 255
 
@@ -145,9 +126,9 @@ def test_mkdir_rmdir_and_link_counts(d: Path) -> None:
     os.mkdir(d / "p" / "c2")
     (d / "p" / "f").write_bytes(b"")
     assert os.stat(d / "p").st_nlink == 4
-    assert _errno(os.rmdir, d / "p") == errno.ENOTEMPTY
-    assert _errno(os.mkdir, d / "p") == errno.EEXIST
-    assert _errno(os.rmdir, d / "p" / "f") == errno.ENOTDIR
+    assert errno_of(os.rmdir, d / "p") == errno.ENOTEMPTY
+    assert errno_of(os.mkdir, d / "p") == errno.EEXIST
+    assert errno_of(os.rmdir, d / "p" / "f") == errno.ENOTDIR
     os.mkdir(d / "q")
     os.rename(d / "p" / "c1", d / "q" / "c1")  # nlink follows renames between parents
     assert os.stat(d / "p").st_nlink == 3 and os.stat(d / "q").st_nlink == 3
@@ -224,8 +205,8 @@ def test_unlink_and_open_unlinked_file(d: Path) -> None:
     os.fsync(fd)
     assert os.pread(fd, 100, 0) == b"keep memore data"
     os.close(fd)
-    assert _errno(os.unlink, f) == errno.ENOENT
-    assert _errno(os.unlink, d) in (errno.EISDIR, errno.EPERM)
+    assert errno_of(os.unlink, f) == errno.ENOENT
+    assert errno_of(os.unlink, d) in (errno.EISDIR, errno.EPERM)
 
 
 def test_hard_links_and_symlinks(d: Path) -> None:
@@ -239,8 +220,8 @@ def test_hard_links_and_symlinks(d: Path) -> None:
     os.unlink(d / "l2")
     st = os.stat(f)
     assert st.st_nlink == 2 and st.st_ctime_ns > ctime
-    assert _errno(os.link, d, d / "dl") in (errno.EPERM, errno.EISDIR)
-    assert _errno(os.link, f, d / "l1") == errno.EEXIST
+    assert errno_of(os.link, d, d / "dl") in (errno.EPERM, errno.EISDIR)
+    assert errno_of(os.link, f, d / "l1") == errno.EEXIST
     os.symlink("f", d / "s")
     os.symlink("nowhere", d / "dangling")
     os.symlink(str(d / "loop2"), d / "loop1")
@@ -248,9 +229,9 @@ def test_hard_links_and_symlinks(d: Path) -> None:
     assert os.readlink(d / "s") == "f"
     assert (d / "s").read_bytes() == b"data"
     assert stat.S_ISLNK(os.lstat(d / "s").st_mode) and os.lstat(d / "s").st_size == 1
-    assert _errno(os.stat, d / "dangling") == errno.ENOENT
-    assert _errno(os.stat, d / "loop1") == errno.ELOOP
-    assert _errno(os.readlink, f) == errno.EINVAL
+    assert errno_of(os.stat, d / "dangling") == errno.ENOENT
+    assert errno_of(os.stat, d / "loop1") == errno.ELOOP
+    assert errno_of(os.readlink, f) == errno.EINVAL
     target = "t" * 4000
     os.symlink(target, d / "longlink")
     assert os.readlink(d / "longlink") == target
@@ -275,11 +256,11 @@ def test_rename_rules(d: Path) -> None:
     os.rename(d / "d1", d / "d2")  # dir over empty dir
     assert (d / "d2" / "x").exists() and not (d / "d1").exists()
     os.mkdir(d / "d3")
-    assert _errno(os.rename, d / "d3", d / "d2") in (errno.ENOTEMPTY, errno.EEXIST)
-    assert _errno(os.rename, d / "b", d / "d3") == errno.EISDIR
-    assert _errno(os.rename, d / "d3", d / "b") == errno.ENOTDIR
-    assert _errno(os.rename, d / "d2", d / "d2" / "sub") == errno.EINVAL
-    assert _errno(os.rename, d / "missing", d / "z") == errno.ENOENT
+    assert errno_of(os.rename, d / "d3", d / "d2") in (errno.ENOTEMPTY, errno.EEXIST)
+    assert errno_of(os.rename, d / "b", d / "d3") == errno.EISDIR
+    assert errno_of(os.rename, d / "d3", d / "b") == errno.ENOTDIR
+    assert errno_of(os.rename, d / "d2", d / "d2" / "sub") == errno.EINVAL
+    assert errno_of(os.rename, d / "missing", d / "z") == errno.ENOENT
     # open file survives being renamed over
     (d / "victim").write_bytes(b"old")
     fd = os.open(d / "victim", os.O_RDONLY)
@@ -365,13 +346,13 @@ def test_xattrs(d: Path) -> None:
     os.setxattr(f, "user.b", b"\x00binary\xff")
     assert os.getxattr(f, "user.b") == b"\x00binary\xff"
     assert sorted(os.listxattr(f)) == ["user.a", "user.b"]
-    assert _errno(os.setxattr, f, "user.a", b"2", os.XATTR_CREATE) == errno.EEXIST
-    assert _errno(os.setxattr, f, "user.c", b"2", os.XATTR_REPLACE) == errno.ENODATA
+    assert errno_of(os.setxattr, f, "user.a", b"2", os.XATTR_CREATE) == errno.EEXIST
+    assert errno_of(os.setxattr, f, "user.c", b"2", os.XATTR_REPLACE) == errno.ENODATA
     os.setxattr(f, "user.a", b"2", os.XATTR_REPLACE)
     assert os.getxattr(f, "user.a") == b"2"
     os.removexattr(f, "user.a")
-    assert _errno(os.getxattr, f, "user.a") == errno.ENODATA
-    assert _errno(os.removexattr, f, "user.a") == errno.ENODATA
+    assert errno_of(os.getxattr, f, "user.a") == errno.ENODATA
+    assert errno_of(os.removexattr, f, "user.a") == errno.ENODATA
     os.mkdir(d / "dx")
     os.setxattr(d / "dx", "user.dir", b"v")
     assert os.getxattr(d / "dx", "user.dir") == b"v"

@@ -17,22 +17,12 @@ import pytest
 from fs3.testing.cluster import ProcessCluster
 
 pytest.register_assert_rewrite("fuse_helpers")  # shared helpers + the fuse_cluster plugin
-from fuse_helpers import fresh_dir, needs_fuse  # noqa: E402 - after register_assert_rewrite
+from fuse_helpers import needs_fuse  # noqa: E402 - after register_assert_rewrite
 
 CHUNK = 1 << 20
 
 pytest_plugins = ["fuse_helpers"]  # the shared cluster fixture ``fuse_cluster``
 pytestmark = [pytest.mark.integration, pytest.mark.fuse, needs_fuse, pytest.mark.timeout(90)]
-
-
-@pytest.fixture
-def cluster(fuse_cluster: ProcessCluster) -> ProcessCluster:
-    return fuse_cluster
-
-
-@pytest.fixture
-def d(fuse_cluster: ProcessCluster) -> Path:
-    return fresh_dir(fuse_cluster)
 
 
 def _run(*args: str, cwd: Path | None = None, **kw: object) -> subprocess.CompletedProcess[str]:

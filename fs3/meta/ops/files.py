@@ -48,10 +48,18 @@ def _max_size(attr: meta_pb2.Attr) -> int:
     return (MAX_CHUNK_INDEX + 1) * cs
 
 
+# The kernel opens a program for execve(2) with this bit (``__FMODE_EXEC``) in
+# the open flags it passes on (FUSE forwards them): such an open needs execute
+# permission, not read permission, so a mode --x program can run.
+FMODE_EXEC = 0x20
+
+
 def _access_mask(flags: int) -> int:
     acc = flags & os.O_ACCMODE
     if acc == 3:
         raise posix(errno.EINVAL, "invalid access mode O_ACCMODE")
+    if flags & FMODE_EXEC and acc == os.O_RDONLY and not flags & os.O_TRUNC:
+        return perms.X
     mask = 0
     if acc in (os.O_RDONLY, os.O_RDWR):
         mask |= perms.R
@@ -172,13 +180,24 @@ def _apply_report(
             raise posix(errno.EFBIG, f"length {hint} exceeds the layout's maximum")
         a.size = hint
         changed = True
+    wrote = changed
     if mtime is not None and (mtime.sec or mtime.nsec):
         a.mtime.CopyFrom(mtime)
         if S.ts_ns(mtime) > S.ts_ns(a.ctime):
             a.ctime.CopyFrom(mtime)
-        changed = True
+        changed = wrote = True
     elif changed:
         touch(a, ctx.now_ns)
+    if wrote and not perms.is_root(ctx.user):
+        # A write by anyone but root drops S_ISUID/S_ISGID, as Linux does
+        # (file_remove_privs), whatever path the data took: the kernel's own
+        # setattr covers buffered FUSE writes, this covers the rest (the Python
+        # API, USRBIO), which meta learns of only through these reports.
+        cleared = perms.should_clear_suid_sgid(a.mode)
+        if cleared != a.mode:
+            a.mode = cleared
+            touch(a, ctx.now_ns, mtime=False)
+            changed = True
     return changed
 
 

@@ -84,3 +84,19 @@ def test_good_names() -> None:
     perms.check_name(b"x" * 255)
     perms.check_name(b"\xff odd but fine")
     perms.check_name(b"..", allow_dots=True)
+
+
+def test_open_access_masks() -> None:
+    """An exec open (__FMODE_EXEC in the flags) needs execute permission only."""
+    import os
+
+    from fs3.meta.ops.files import FMODE_EXEC, _access_mask
+
+    assert _access_mask(os.O_RDONLY) == perms.R
+    assert _access_mask(os.O_RDONLY | FMODE_EXEC) == perms.X
+    assert _access_mask(os.O_RDWR) == perms.R | perms.W
+    assert _access_mask(os.O_RDWR | FMODE_EXEC) == perms.R | perms.W  # not an exec open
+    assert _access_mask(os.O_RDONLY | os.O_TRUNC | FMODE_EXEC) == perms.R | perms.W
+    with pytest.raises(FsError) as ei:
+        _access_mask(os.O_ACCMODE)
+    assert ei.value.errno == errno.EINVAL

@@ -97,3 +97,33 @@ def test_full_disk_refuses_cleanly(
         assert e.read(ChunkKey(3, 0), 0, 100)[1] == b"fits now"
     finally:
         e.close()
+
+
+def test_extend_allocates_and_refuses_on_a_full_disk(small_fs: Path) -> None:
+    """EXTEND (fallocate's allocation) takes real space: on a full disk it fails with NO_SPACE."""
+    e = FileChunkEngine(small_fs / "t", fsync=True)
+    try:
+        err: FsError | None = None
+        extended = 0
+        for i in range(20):
+            try:
+                e.commit(
+                    e.stage_truncate(
+                        ChunkKey(7, i),
+                        CS,
+                        update_ver=1,
+                        chain_ver=1,
+                        chunk_size=CS,
+                        only_extend=True,
+                    )
+                )
+            except FsError as exc:
+                err = exc
+                break
+            extended += 1
+        assert err is not None and err.code == Code.NO_SPACE and err.errno == 28
+        assert 3 <= extended < 8  # the 8 MiB filesystem filled with allocated (zero) chunks
+        meta, got = e.read(ChunkKey(7, 0), 0, CS)
+        assert got == bytes(CS) and meta.length == CS
+    finally:
+        e.close()
