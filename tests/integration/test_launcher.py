@@ -492,6 +492,29 @@ def test_end_to_end_mount_write_read_and_clean_down(cluster_dir: Path, tmp_path:
         p["alive"] for p in s["processes"] if p["name"] == "fuse"
     ] == [True]
 
+    # capacity on a shared disk: the six targets share cluster_dir's file system, which
+    # counts once; a user can store a third of it (3 replicas), and df on the mount agrees
+    disk = os.statvfs(cluster_dir)
+    raw = disk.f_blocks * disk.f_frsize
+    cap = _wait_status(
+        cluster_dir,
+        lambda s: (s.get("capacity") or {}).get("filesystems") == 1,
+        20,
+        "every target to report its file system",
+    )["capacity"]
+    assert (cap["replicas"], cap["targets"], cap["chain_table"]) == (3, 6, 1)
+    assert cap["raw_capacity_bytes"] == raw and cap["capacity_bytes"] == raw // 3
+    assert cap["raw_free_bytes"] <= disk.f_bfree * disk.f_frsize
+    assert cap["free_bytes"] == cap["raw_free_bytes"] // 3
+    deadline = time.monotonic() + 20  # meta learns fs ids from its routing watcher
+    while (m := os.statvfs(mnt)).f_blocks * m.f_frsize > raw // 3 + m.f_frsize:
+        assert time.monotonic() < deadline, (m, raw)
+        time.sleep(0.2)
+    assert m.f_blocks * m.f_frsize >= raw // 3 - m.f_frsize
+    assert m.f_bavail * m.f_frsize <= cap["raw_free_bytes"] // 3 + (64 << 20)
+    table = run_cli("status", "--dir", str(cluster_dir)).stdout
+    assert "raw / 3 replicas of chain table 1" in table and "on 1 file system" in table
+
     rng = random.Random(7)
     through_mount = rng.randbytes(3 * (1 << 20) + 123)
     through_api = rng.randbytes((1 << 20) + 4567)
