@@ -480,15 +480,17 @@ class MgmtdProbe:
                 ch.close()
         return None
 
-    def routing(self) -> Any | None:
-        """The leader's RoutingInfo, or None if no leader answers."""
+    def routing(self, leader_address: str | None = None) -> Any | None:
+        """The leader's RoutingInfo (asked of ``leader_address`` if known), or None."""
         from fs3.proto import mgmtd_pb2
         from fs3.rpc.channel import call_sync
 
-        lead = self.leader()
-        if lead is None:
-            return None
-        ch, stub = self._stub(lead[1])
+        if leader_address is None:
+            lead = self.leader()
+            if lead is None:
+                return None
+            leader_address = lead[1]
+        ch, stub = self._stub(leader_address)
         try:
             r = call_sync(
                 stub.GetRoutingInfo,
@@ -1196,7 +1198,7 @@ class LocalCluster:
             result["errors"].append("no mgmtd answers as leader")
             return result
         result["leader"] = _name_of(st, lead[0])
-        rt = probe.routing()
+        rt = probe.routing(lead[1])
         if rt is None:
             result["errors"].append("the leader did not return routing info")
             return result
