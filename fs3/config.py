@@ -15,6 +15,7 @@ The cluster file (like FoundationDB's ``fdb.cluster``) is one line
 from __future__ import annotations
 
 import dataclasses
+import errno as _errno
 import os
 import tomllib
 import types
@@ -28,10 +29,15 @@ from fs3.errors import Code, FsError
 
 
 class ConfigError(FsError):
-    """A configuration file or override is invalid."""
+    """A configuration file or override is invalid, or a file it names is unreadable.
 
-    def __init__(self, message: str) -> None:
-        super().__init__(Code.INVALID_ARGUMENT, message)
+    ``errno`` is EINVAL for bad content and the OS's errno (ENOENT, EACCES,
+    EISDIR ...) when the file itself cannot be read, so the ``OSError`` a caller
+    finally sees is the subclass Python's own ``open`` would raise.
+    """
+
+    def __init__(self, message: str, *, errno: int | None = None) -> None:
+        super().__init__(Code.INVALID_ARGUMENT, message, errno=errno)
 
 
 # --------------------------------------------------------------------------- sections
@@ -201,6 +207,7 @@ class ClientSection:
     """Client library (Python API, FUSE daemon, meta's own storage client)."""
 
     retry_deadline_s: float = 60.0  # keep retrying transient errors this long
+    connect_timeout_s: float = 10.0  # connect(): give up if no mgmtd leader answers within this
     rpc_timeout_s: float = 10.0
     io_depth: int = 16  # chunk requests in flight per file operation
     readahead_chunks: int = (
@@ -212,6 +219,7 @@ class ClientSection:
 
     def validate(self) -> None:
         _check(self.retry_deadline_s > 0, "retry_deadline_s must be > 0")
+        _check(self.connect_timeout_s > 0, "connect_timeout_s must be > 0")
         _check(self.io_depth >= 1, "io_depth must be >= 1")
         _check(self.readahead_chunks >= 0, "readahead_chunks must be >= 0")
 
@@ -480,5 +488,9 @@ def read_cluster_file(path: str | os.PathLike[str]) -> ClusterFile:
     try:
         text = Path(path).read_text()
     except FileNotFoundError:
-        raise ConfigError(f"cluster file {path} does not exist") from None
+        raise ConfigError(f"cluster file {path} does not exist", errno=_errno.ENOENT) from None
+    except OSError as e:
+        raise ConfigError(
+            f"cannot read cluster file {path}: {e.strerror or e}", errno=e.errno or _errno.EIO
+        ) from None
     return parse_cluster_file_text(text, str(path))

@@ -26,17 +26,23 @@ done
 bash scripts/install.sh
 FS3=.venv/bin/fs3
 
-healthy() {
-  "$FS3" cluster status --dir "$DIR" --json 2>/dev/null | .venv/bin/python -c '
-import json, sys
-s = json.load(sys.stdin)
-ok = s["processes"] and all(p["alive"] for p in s["processes"]) and s["mount"] == sys.argv[1]
-sys.exit(0 if ok else 1)' "$MNT"
+# Running already? One status query (in one process) answers that and is printed if so.
+show_if_healthy() {
+  .venv/bin/python - "$DIR" "$MNT" 2>/dev/null <<'PY'
+import sys
+from pathlib import Path
+from fs3.cli.cluster import LocalCluster, render_status
+s = LocalCluster(Path(sys.argv[1])).status()
+ok = s["processes"] and all(p["alive"] for p in s["processes"]) and s["mount"] == sys.argv[2]
+if ok:
+    print("fs3 is already running in " + s["dir"])
+    print(render_status(s))
+sys.exit(0 if ok else 1)
+PY
 }
 
-if [ -f "$DIR/state.json" ] && healthy; then
-  echo "fs3 is already running in $DIR"
-  "$FS3" cluster status --dir "$DIR"
+if [ -f "$DIR/state.json" ] && table=$(show_if_healthy); then
+  printf '%s\n' "$table"
 else
   if [ -f "$DIR/state.json" ]; then
     "$FS3" cluster down --dir "$DIR"   # stop what is left of an earlier run (data is kept)

@@ -66,6 +66,9 @@ ROLE_CONFIGS: dict[str, type] = {
     "fuse": fs3config.ClientConfig,
 }
 NODE_ID_BASE = {"mgmtd": 0, "meta": 100, "storage": 10000}
+# The chain table ``up`` creates and meta puts new files in ([meta] default_chain_table).
+DEFAULT_TABLE = 1
+
 PUBLIC_STATE_NAMES = {
     0: "unknown",
     1: "serving",
@@ -477,15 +480,17 @@ class MgmtdProbe:
                 ch.close()
         return None
 
-    def routing(self) -> Any | None:
-        """The leader's RoutingInfo, or None if no leader answers."""
+    def routing(self, leader_address: str | None = None) -> Any | None:
+        """The leader's RoutingInfo (asked of ``leader_address`` if known), or None."""
         from fs3.proto import mgmtd_pb2
         from fs3.rpc.channel import call_sync
 
-        lead = self.leader()
-        if lead is None:
-            return None
-        ch, stub = self._stub(lead[1])
+        if leader_address is None:
+            lead = self.leader()
+            if lead is None:
+                return None
+            leader_address = lead[1]
+        ch, stub = self._stub(leader_address)
         try:
             r = call_sync(
                 stub.GetRoutingInfo,
@@ -1174,6 +1179,7 @@ class LocalCluster:
             "targets": [],
             "chains": [],
             "chain_tables": [],
+            "capacity": None,
             "mount": None,
             "mount_state": None,
             "errors": [],
@@ -1192,7 +1198,7 @@ class LocalCluster:
             result["errors"].append("no mgmtd answers as leader")
             return result
         result["leader"] = _name_of(st, lead[0])
-        rt = probe.routing()
+        rt = probe.routing(lead[1])
         if rt is None:
             result["errors"].append("the leader did not return routing info")
             return result
@@ -1219,8 +1225,25 @@ class LocalCluster:
                     "used_bytes": int(t.used_bytes),
                     "free_bytes": int(t.free_bytes),
                     "capacity_bytes": int(t.capacity_bytes),
+                    "fs_id": t.fs_id,
                 }
             )
+        from fs3.client.routing import Routing
+
+        space = Routing(rt).space(DEFAULT_TABLE)
+        if space is not None:
+            result["capacity"] = {
+                "chain_table": DEFAULT_TABLE,
+                "replicas": space.replicas,
+                "capacity_bytes": space.capacity_bytes,
+                "free_bytes": space.free_bytes,
+                "used_bytes": space.used_bytes,
+                "raw_capacity_bytes": space.raw_capacity_bytes,
+                "raw_free_bytes": space.raw_free_bytes,
+                "raw_used_bytes": space.raw_used_bytes,
+                "filesystems": space.filesystems,
+                "targets": space.targets,
+            }
         for c in sorted(rt.chains, key=lambda c: c.chain_id):
             result["chains"].append(
                 {
@@ -1435,9 +1458,20 @@ def render_status(s: dict[str, Any]) -> str:
                 ]
             )
         out.append(_table(rows))
-        used = sum(t["used_bytes"] for t in s["targets"])
-        free = sum(t["free_bytes"] for t in s["targets"])
-        out.append(f"capacity: {_fmt_bytes(used)} used, {_fmt_bytes(free)} free")
+        cap = s.get("capacity")
+        if cap:
+            fs = cap["filesystems"]
+            out.append(
+                f"capacity: {_fmt_bytes(cap['free_bytes'])} free of {_fmt_bytes(cap['capacity_bytes'])}"
+                f" (raw / {cap['replicas']} replicas of chain table {cap['chain_table']});"
+                f" data {_fmt_bytes(cap['used_bytes'])}"
+            )
+            out.append(
+                f"raw: {_fmt_bytes(cap['raw_free_bytes'])} free of"
+                f" {_fmt_bytes(cap['raw_capacity_bytes'])} on {fs} file system{'s' if fs != 1 else ''}"
+                f" ({cap['targets']} targets; shared disks counted once);"
+                f" chunks {_fmt_bytes(cap['raw_used_bytes'])}"
+            )
     if s["chains"]:
         out.append("")
         rows = [["CHAIN", "VERSION", "TARGETS (head -> tail)"]]
@@ -1512,7 +1546,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=120.0, help="seconds to wait for the cluster to be usable"
     )
 
-    st = sub.add_parser("status", help="processes, leader, nodes, targets, chains")
+    st = sub.add_parser(
+        "status",
+        help="processes, leader, nodes, targets, chains, capacity",
+        description=(
+            "Processes, mgmtd leader, nodes, targets, chains and capacity. Capacity is what a "
+            "user can store: the free space of the disks holding the targets, each file system "
+            "counted once however many targets it holds, divided by the replication factor of "
+            f"chain table {DEFAULT_TABLE} (where new files go); --json also has the raw figures."
+        ),
+    )
     add_dir(st)
     st.add_argument("--json", action="store_true", help="print one JSON object")
 

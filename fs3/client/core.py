@@ -51,7 +51,7 @@ import socket
 import stat as _stat
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,6 +86,44 @@ SETATTR_MTIME_NOW = meta_pb2.SETATTR_MTIME_NOW
 Attr = meta_pb2.Attr
 DirEntry = meta_pb2.DirEntry
 StatFs = meta_pb2.StatFsResponse
+
+
+# How long connect() stays silent before saying which mgmtd it waits for: long
+# enough that a healthy cluster (answering in milliseconds) prints nothing.
+CONNECT_NOTICE_S = 0.5
+
+
+async def _first_contact(
+    watcher: RoutingWatcher,
+    mgmtd: Any,
+    cluster_file: str,
+    timeout_s: float,
+    on_wait: Callable[[str], None] | None,
+) -> None:
+    """Fetch the first routing within ``timeout_s``; say early what is being waited for."""
+    addrs = ", ".join(mgmtd.addresses)
+    where = f"cluster {mgmtd.cluster_id} ({cluster_file})"
+
+    def notice() -> None:
+        msg = f"waiting up to {timeout_s:g} s for an mgmtd leader of {where} at {addrs}"
+        if on_wait is not None:
+            on_wait(msg)
+        else:
+            log.warning("fs3: %s", msg)
+
+    timer = asyncio.get_running_loop().call_later(CONNECT_NOTICE_S, notice)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await watcher.refresh()
+    except TimeoutError:
+        raise FsError(
+            Code.TIMEOUT,
+            f"no mgmtd leader of {where} answered within {timeout_s:g} s (tried {addrs}); "
+            "is mgmtd running? (wait longer with [client] connect_timeout_s "
+            "or FS3_CLIENT_CONNECT_TIMEOUT_S)",
+        ) from None
+    finally:
+        timer.cancel()
 
 
 @dataclass(frozen=True)
@@ -272,12 +310,26 @@ class AsyncClient:
         transport: str | None = None,
         client_id: str | None = None,
         meta_addresses: Sequence[str] = (),
+        on_wait: Callable[[str], None] | None = None,
     ) -> AsyncClient:
         """Connect to a cluster: find mgmtd, fetch routing, set up transports.
 
         ``cluster_file`` defaults to ``config.cluster.cluster_file``, then
         ``$FS3_CLUSTER_FILE``. ``transport`` overrides ``config.transport.kind``.
         Must be awaited on the loop the client will live on (the bridge loop).
+
+        The first contact with mgmtd is bounded by ``[client] connect_timeout_s``
+        (not the much longer ``retry_deadline_s`` an established client rides
+        failovers with): a cluster that is down fails fast with
+        ``FsError(TIMEOUT)`` naming the addresses tried. If no leader has answered
+        after :data:`CONNECT_NOTICE_S`, ``on_wait`` (default: a warning on the
+        ``fs3.client`` logger, which reaches stderr even when logging is not
+        configured) is told which addresses are being waited for.
+
+        Raises:
+            FsError: ENOENT/EACCES/EISDIR (the cluster file cannot be read),
+                EINVAL (no or malformed cluster file), ETIMEDOUT (no mgmtd leader
+                within the connect deadline), or a non-retryable mgmtd refusal.
         """
         from fs3.client.mgmtd_client import MgmtdClient
 
@@ -297,7 +349,7 @@ class AsyncClient:
         )
         watcher = RoutingWatcher(mgmtd, poll_interval_s=cfg.client.routing_refresh_s)
         try:
-            await watcher.refresh()
+            await _first_contact(watcher, mgmtd, path, cfg.client.connect_timeout_s, on_wait)
             await watcher.start()
             tr = make_transport(kind, cid, cfg.transport)
         except BaseException:

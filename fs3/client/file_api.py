@@ -106,7 +106,14 @@ class Client:
         config: _config.ClientConfig | None = None,
         bridge: Bridge | None = None,
     ) -> Client:
-        """Connect; ``uid``/``gid`` default to this process's."""
+        """Connect; ``uid``/``gid`` default to this process's.
+
+        Raises the ``OSError`` subclass ``open`` would: ``FileNotFoundError``,
+        ``PermissionError`` or ``IsADirectoryError`` for an unreadable cluster
+        file, ``TimeoutError`` if no mgmtd leader answers within ``[client]
+        connect_timeout_s``, plain ``OSError(EINVAL)`` for a missing or malformed
+        cluster file name or content (see :meth:`AsyncClient.connect`).
+        """
         own = bridge is None
         br = bridge or Bridge()
         try:
@@ -114,7 +121,8 @@ class Client:
         except FsError as e:
             if own:
                 br.close()
-            raise _oserror(e) from None
+            # The message already says what failed and where (file, addresses).
+            raise OSError(e.errno, e.message) from None
         except BaseException:
             if own:
                 br.close()

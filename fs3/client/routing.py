@@ -23,6 +23,7 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fs3.errors import Code, FsError
@@ -67,6 +68,38 @@ NODE_TYPE_NAMES = {
     mgmtd_pb2.NODE_TYPE_FUSE: "fuse",
     mgmtd_pb2.NODE_TYPE_UNSPECIFIED: "unknown",
 }
+
+
+@dataclass(frozen=True)
+class Space:
+    """Capacity of the storage cluster, raw and as a user can fill it.
+
+    ``raw_*`` count every underlying file system once, however many targets it
+    holds (targets report the file system they live on as ``fs_id``). What a
+    user can store is the raw figure divided by ``replicas``, the replication
+    factor of the chain table new files go to: every byte is written that many
+    times. ``raw_used_bytes`` is what the targets' chunks take (all replicas);
+    the disks' other files are in neither ``used`` figure but do shrink ``free``.
+    """
+
+    raw_capacity_bytes: int
+    raw_free_bytes: int
+    raw_used_bytes: int
+    filesystems: int
+    targets: int
+    replicas: int
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.raw_capacity_bytes // self.replicas
+
+    @property
+    def free_bytes(self) -> int:
+        return self.raw_free_bytes // self.replicas
+
+    @property
+    def used_bytes(self) -> int:
+        return self.raw_used_bytes // self.replicas
 
 
 class Routing:
@@ -256,6 +289,43 @@ class Routing:
 
     def targets_of_node(self, node_id: int) -> list[mgmtd_pb2.TargetInfo]:
         return [t for t in self.targets() if t.node_id == node_id]
+
+    def space(self, table_id: int = 1) -> Space | None:
+        """Capacity of the targets in chain table ``table_id``'s chains (None if none report one).
+
+        Each file system (``fs_id``; a target without one stands alone) counts
+        once, with the smallest free figure its targets reported. The
+        replication factor is the longest chain of the table (1 when the table
+        is unknown, over every target).
+        """
+        try:
+            table = self.table(table_id)
+            chains = [self._chains[c] for c in table.chain_ids if c in self._chains]
+            tids = {ct.target_id for c in chains for ct in c.targets}
+            replicas = max((max(len(c.targets), len(c.preferred_order)) for c in chains), default=1)
+        except FsError:
+            tids, replicas = set(self._targets), 1
+        fss: dict[str, tuple[int, int]] = {}
+        used = count = 0
+        for tid in sorted(tids):
+            t = self._targets.get(tid)
+            if t is None or not t.capacity_bytes:
+                continue
+            count += 1
+            used += t.used_bytes
+            key = t.fs_id or f"target:{tid}"
+            cap, free = fss.get(key, (0, t.free_bytes))
+            fss[key] = (max(cap, t.capacity_bytes), min(free, t.free_bytes))
+        if not fss:
+            return None
+        return Space(
+            raw_capacity_bytes=sum(c for c, _ in fss.values()),
+            raw_free_bytes=sum(f for _, f in fss.values()),
+            raw_used_bytes=used,
+            filesystems=len(fss),
+            targets=count,
+            replicas=max(replicas, 1),
+        )
 
     def __repr__(self) -> str:
         return (

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -216,6 +217,9 @@ def serve(
 ) -> int:
     """Connect, mount, serve until unmounted or signalled; ``ready("ok"|"error: ...")`` once.
 
+    Before that, ``ready("note: ...")`` may report progress the user should see
+    at once (e.g. which mgmtd addresses the connect is waiting for).
+
     Everything runs on ONE asyncio loop in the main thread: pyfuse3 in its
     asyncio mode (``pyfuse3.asyncio.enable()``, pyfuse3 >= 3.2), the client
     core, the USRBIO agent (anyio) and the daemon's background tasks. Until
@@ -267,7 +271,10 @@ async def _serve_async(
     from fs3.usrbio.shm import agent_socket_path
 
     try:
-        client = cast(FuseClient, await FuseClient.connect(cluster, config=cfg))
+        client = cast(
+            FuseClient,
+            await FuseClient.connect(cluster, config=cfg, on_wait=lambda m: ready(f"note: {m}")),
+        )
     except (FsError, OSError) as e:
         ready(f"error: cannot connect to the cluster in {cluster}: {e}")
         code[0] = 1
@@ -444,18 +451,60 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"fs3 mount: logging to {log_path}", file=sys.stderr, flush=True)
 
         def ready_fg(msg: str) -> None:
-            if msg != "ok":
+            if msg.startswith("note: "):
+                print(f"fs3 mount: {msg.removeprefix('note: ')}", file=sys.stderr, flush=True)
+            elif msg != "ok":
                 print(f"fs3 mount: {msg.removeprefix('error: ')}", file=sys.stderr, flush=True)
 
         return serve(cluster, mountpoint, cfg, extra, ready_fg)
     assert log_path is not None
+    created = _new_paths(Path(log_path))
     try:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "a"):
             pass
     except OSError as e:
         return err(f"cannot open log file {log_path}: {e}")
-    return _daemonize(cluster, mountpoint, cfg, extra, log_path)
+    rc = _daemonize(cluster, mountpoint, cfg, extra, log_path)
+    if rc != 0:
+        _remove_new(created)
+    return rc
+
+
+def _log_tail(path: str, start: int, lines: int = 20) -> str:
+    """The last ``lines`` lines this run appended to the log at ``path``."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+
+
+def _new_paths(log_path: Path) -> list[Path]:
+    """The log file and the parent directories that do not exist yet (deepest first).
+
+    A failed mount removes exactly these again: the command already printed the
+    error (and the log's tail), so a log it created is no longer needed.
+    """
+    out: list[Path] = []
+    p = log_path
+    while not p.exists() and p != p.parent:
+        out.append(p)
+        p = p.parent
+    return out
+
+
+def _remove_new(paths: list[Path]) -> None:
+    for p in paths:
+        try:
+            if p.is_dir():
+                p.rmdir()  # only if empty: another mount may log there by now
+            else:
+                p.unlink()
+        except OSError:
+            return
 
 
 def _daemonize(
@@ -464,19 +513,23 @@ def _daemonize(
     """Double fork; return only when the daemon reports the mount usable (0) or failed (1)."""
     sys.stdout.flush()
     sys.stderr.flush()
+    try:
+        log_start = os.path.getsize(log_path)
+    except OSError:
+        log_start = 0
     rfd, wfd = os.pipe()
     pid = os.fork()
     if pid > 0:
         os.close(wfd)
-        chunks = []
-        while True:
-            b = os.read(rfd, 4096)
-            if not b:
-                break
-            chunks.append(b)
-        os.close(rfd)
+        msg = ""
+        with os.fdopen(rfd, "rb") as pipe:
+            for raw in pipe:  # notes as they come (the user sees them at once), then the result
+                line = raw.decode(errors="replace").strip()
+                if line.startswith("note: "):
+                    print(f"fs3 mount: {line.removeprefix('note: ')}", file=sys.stderr, flush=True)
+                elif line:
+                    msg = line
         os.waitpid(pid, 0)
-        msg = b"".join(chunks).decode(errors="replace").strip()
         if msg.startswith("ok"):
             daemon_pid = msg.split()[1] if len(msg.split()) > 1 else "?"
             print(
@@ -488,13 +541,14 @@ def _daemonize(
                 flush=True,
             )
             return 0
+        crashed = not msg or "see the log" in msg
         if not msg:
             msg = "error: the daemon exited before the mount was ready"
-        print(
-            f"fs3 mount: {msg.removeprefix('error: ')}; log: {log_path}",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(f"fs3 mount: {msg.removeprefix('error: ')}", file=sys.stderr, flush=True)
+        tail = _log_tail(log_path, log_start) if crashed else ""
+        if tail:
+            print(f"fs3 mount: the daemon's log ({log_path}) ends with:", file=sys.stderr)
+            print(tail, file=sys.stderr, flush=True)
         return 1
     # first child
     try:
@@ -515,6 +569,12 @@ def _daemonize(
         told = [False]
 
         def ready(msg: str) -> None:
+            if msg.startswith("note: "):
+                log.warning("%s", msg.removeprefix("note: "))
+                if not told[0]:
+                    with contextlib.suppress(OSError):
+                        os.write(wfd, msg.encode() + b"\n")
+                return
             if told[0]:
                 if msg != "ok":
                     log.error("%s", msg)

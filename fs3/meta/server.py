@@ -41,8 +41,9 @@ IDEM_PRUNE_INTERVAL_S = 60.0
 class RoutingChainTables:
     """A :class:`ChainTableSource` over a routing watcher's current routing info."""
 
-    def __init__(self, watcher: Any) -> None:
+    def __init__(self, watcher: Any, table_id: int = 1) -> None:
         self.watcher = watcher
+        self.table_id = table_id
 
     def latest_table(self, table_id: int) -> tuple[int, list[int]] | None:
         try:
@@ -52,21 +53,11 @@ class RoutingChainTables:
         return int(t.version), [int(c) for c in t.chain_ids]
 
     def space(self) -> tuple[int, int, int] | None:
-        """Per chain, the smallest replica bounds what fits; sum over chains."""
-        r = self.watcher.current
-        total = used = free = 0
-        for chain in r.chains():
-            caps = []
-            for ct in chain.targets:
-                if r.has_target(ct.target_id):
-                    caps.append(r.target(ct.target_id))
-            caps = [t for t in caps if t.capacity_bytes]
-            if not caps:
-                continue
-            total += min(t.capacity_bytes for t in caps)
-            used += max(t.used_bytes for t in caps)
-            free += min(t.free_bytes for t in caps)
-        return (total, used, free) if total else None
+        """What a user can store: each disk once, divided by the default table's replication."""
+        sp = self.watcher.current.space(self.table_id)
+        if sp is None:
+            return None
+        return sp.capacity_bytes, sp.used_bytes, sp.free_bytes
 
 
 async def _heartbeats(client: Any, cfg: MetaConfig, address: str, stop: asyncio.Event) -> None:
@@ -122,7 +113,7 @@ async def serve(cfg: MetaConfig, stop: asyncio.Event) -> int:
             )
             watcher = RoutingWatcher(mgmtd, poll_interval_s=cfg.meta.routing_refresh_s)
             await watcher.start()
-            source = RoutingChainTables(watcher)
+            source = RoutingChainTables(watcher, cfg.meta.default_chain_table)
         op = await asyncio.to_thread(MetaOperator, db, cfg.meta, source)
         add_servicer(server, meta_pb2_grpc.add_MetaServiceServicer_to_server, MetaServicer(op))
         port = bind(server, cfg.node.host, cfg.node.port)

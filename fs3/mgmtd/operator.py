@@ -519,6 +519,9 @@ class MgmtdOperator:
             if r.capacity_bytes and t.capacity_bytes != r.capacity_bytes:
                 t.capacity_bytes = r.capacity_bytes
                 st.dirty_minor = True
+            if r.fs_id and t.fs_id != r.fs_id:
+                t.fs_id = r.fs_id
+                st.dirty_minor = True
             if t.low_space != r.low_space:
                 t.low_space = r.low_space
                 st.dirty_major = True

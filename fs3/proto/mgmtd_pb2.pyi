@@ -83,7 +83,7 @@ class NodeInfo(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., type: _Optional[_Union[NodeType, str]] = ..., address: _Optional[str] = ..., data_address: _Optional[str] = ..., hostname: _Optional[str] = ..., status: _Optional[_Union[NodeStatus, str]] = ..., last_heartbeat: _Optional[float] = ..., tags: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ...) -> None: ...
 
 class TargetInfo(_message.Message):
-    __slots__ = ("target_id", "node_id", "chain_id", "public_state", "local_state", "used_bytes", "free_bytes", "capacity_bytes", "error_count", "low_space", "admin_offline", "last_report")
+    __slots__ = ("target_id", "node_id", "chain_id", "public_state", "local_state", "used_bytes", "free_bytes", "capacity_bytes", "error_count", "low_space", "admin_offline", "last_report", "fs_id")
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,7 @@ class TargetInfo(_message.Message):
     LOW_SPACE_FIELD_NUMBER: _ClassVar[int]
     ADMIN_OFFLINE_FIELD_NUMBER: _ClassVar[int]
     LAST_REPORT_FIELD_NUMBER: _ClassVar[int]
+    FS_ID_FIELD_NUMBER: _ClassVar[int]
     target_id: int
     node_id: int
     chain_id: int
@@ -108,7 +109,8 @@ class TargetInfo(_message.Message):
     low_space: bool
     admin_offline: bool
     last_report: float
-    def __init__(self, target_id: _Optional[int] = ..., node_id: _Optional[int] = ..., chain_id: _Optional[int] = ..., public_state: _Optional[_Union[PublicTargetState, str]] = ..., local_state: _Optional[_Union[LocalTargetState, str]] = ..., used_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., error_count: _Optional[int] = ..., low_space: _Optional[bool] = ..., admin_offline: _Optional[bool] = ..., last_report: _Optional[float] = ...) -> None: ...
+    fs_id: str
+    def __init__(self, target_id: _Optional[int] = ..., node_id: _Optional[int] = ..., chain_id: _Optional[int] = ..., public_state: _Optional[_Union[PublicTargetState, str]] = ..., local_state: _Optional[_Union[LocalTargetState, str]] = ..., used_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., error_count: _Optional[int] = ..., low_space: _Optional[bool] = ..., admin_offline: _Optional[bool] = ..., last_report: _Optional[float] = ..., fs_id: _Optional[str] = ...) -> None: ...
 
 class ChainTargetInfo(_message.Message):
     __slots__ = ("target_id", "public_state")
@@ -163,7 +165,7 @@ class RoutingInfo(_message.Message):
     def __init__(self, version: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., targets: _Optional[_Iterable[_Union[TargetInfo, _Mapping]]] = ..., chains: _Optional[_Iterable[_Union[ChainInfo, _Mapping]]] = ..., chain_tables: _Optional[_Iterable[_Union[ChainTable, _Mapping]]] = ..., leader_node_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., bootstrapping: _Optional[bool] = ...) -> None: ...
 
 class LocalTargetReport(_message.Message):
-    __slots__ = ("target_id", "local_state", "used_bytes", "free_bytes", "capacity_bytes", "chain_id", "chain_version", "error_count", "low_space")
+    __slots__ = ("target_id", "local_state", "used_bytes", "free_bytes", "capacity_bytes", "chain_id", "chain_version", "error_count", "low_space", "fs_id")
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     LOCAL_STATE_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +175,7 @@ class LocalTargetReport(_message.Message):
     CHAIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     ERROR_COUNT_FIELD_NUMBER: _ClassVar[int]
     LOW_SPACE_FIELD_NUMBER: _ClassVar[int]
+    FS_ID_FIELD_NUMBER: _ClassVar[int]
     target_id: int
     local_state: LocalTargetState
     used_bytes: int
@@ -182,7 +185,8 @@ class LocalTargetReport(_message.Message):
     chain_version: int
     error_count: int
     low_space: bool
-    def __init__(self, target_id: _Optional[int] = ..., local_state: _Optional[_Union[LocalTargetState, str]] = ..., used_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., chain_id: _Optional[int] = ..., chain_version: _Optional[int] = ..., error_count: _Optional[int] = ..., low_space: _Optional[bool] = ...) -> None: ...
+    fs_id: str
+    def __init__(self, target_id: _Optional[int] = ..., local_state: _Optional[_Union[LocalTargetState, str]] = ..., used_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., chain_id: _Optional[int] = ..., chain_version: _Optional[int] = ..., error_count: _Optional[int] = ..., low_space: _Optional[bool] = ..., fs_id: _Optional[str] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("cluster_id", "node_id", "type", "address", "data_address", "hostname", "targets", "name")

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import os
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -74,6 +77,22 @@ class ChunkLocks:
         return e is not None and e[0].locked()
 
 
+@functools.cache
+def filesystem_id(path: str) -> str:
+    """Names the local file system holding ``path``: ``host:st_dev:f_fsid`` (hex).
+
+    Targets on one disk share its free space; capacity figures (``Routing.space``)
+    count each ``fs_id`` once. The host name keeps equal device numbers on
+    different machines apart. Cached: a target's directory does not move.
+    """
+    try:
+        dev = os.stat(path).st_dev
+        fsid = os.statvfs(path).f_fsid
+    except OSError:
+        return ""
+    return f"{socket.gethostname()}:{dev:x}:{fsid:x}"
+
+
 @dataclass
 class StorageTarget:
     """One target: its engine, chain membership and local state."""
@@ -97,6 +116,7 @@ class StorageTarget:
     def report(self, *, force_offline: bool = False) -> mgmtd_pb2.LocalTargetReport:
         sp = self.engine.space()
         return mgmtd_pb2.LocalTargetReport(
+            fs_id=filesystem_id(self.path),
             target_id=self.target_id,
             local_state=L_OFFLINE if force_offline else self.local_state,  # type: ignore[arg-type]
             used_bytes=sp.used_bytes,

@@ -19,6 +19,7 @@ import functools
 import glob
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -442,17 +443,41 @@ asyncio.run(main())
 @pytest.fixture
 def children() -> Any:
     procs: list[subprocess.Popen[str]] = []
-    yield procs
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        p.wait(10)
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            _reap(p)
+
+
+# Each child's TMPDIR, made by the parent: a child killed with SIGKILL cannot
+# remove its own temporary directories (e.g. EchoNode's), the parent does.
+_CHILD_TMP: dict[int, str] = {}
 
 
 def _spawn(children: list[subprocess.Popen[str]], args: list[str]) -> subprocess.Popen[str]:
-    p = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, text=True)
+    tmp = tempfile.mkdtemp(prefix="fs3-test-child-")
+    p = subprocess.Popen(
+        [sys.executable, *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": tmp},
+    )
     children.append(p)
+    _CHILD_TMP[p.pid] = tmp
     return p
+
+
+def _reap(p: subprocess.Popen[str]) -> None:
+    """Kill (if still running) and wait for a child, then remove its TMPDIR."""
+    if p.poll() is None:
+        p.kill()
+    p.wait(10)
+    if p.stdout is not None:
+        p.stdout.close()
+    tmp = _CHILD_TMP.pop(p.pid, None)
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 async def _readline(p: subprocess.Popen[str], limit_s: float = 20) -> str:
@@ -531,7 +556,7 @@ def test_tcp_killed_client_fails_fetch_promptly(children: list[subprocess.Popen[
 
 @pytest.mark.timeout(60)
 def test_tcp_killed_server_fails_client_promptly(children: list[subprocess.Popen[str]]) -> None:
-    async def main() -> None:
+    async def main() -> subprocess.Popen[str]:
         p = _spawn(children, [HERE, "serve"])
         address, data_address = (await _readline(p)).split()
         ct = client_transport("tcp", "killtest", timeout_s=60)
@@ -557,8 +582,14 @@ def test_tcp_killed_server_fails_client_promptly(children: list[subprocess.Popen
         finally:
             await ct.close()
             await c.close()
+        return p
 
-    run(main())
+    p = run(main())
+    # the killed server's files were in its own TMPDIR (not /tmp), which reaping removes
+    tmp = _CHILD_TMP[p.pid]
+    assert glob.glob(os.path.join(tmp, "fs3-echo-*"))
+    _reap(p)
+    assert not os.path.exists(tmp)
 
 
 @pytest.mark.timeout(30)
@@ -602,8 +633,7 @@ async def remote_pair(kind: str) -> AsyncIterator[tuple[None, EchoClient]]:
             await ct.close()
             await c.close()
     finally:
-        p.kill()
-        p.wait(10)
+        _reap(p)
 
 
 async def measure(

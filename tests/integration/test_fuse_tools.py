@@ -6,6 +6,7 @@ of the shared cluster.
 
 from __future__ import annotations
 
+import glob
 import os
 import random
 import shutil
@@ -128,9 +129,11 @@ def test_sqlite_integrity(d: Path) -> None:
     assert out == ["ok", "1001"]
 
 
-def test_fio_verify(d: Path) -> None:
+def test_fio_verify(d: Path, tmp_path: Path) -> None:
     if shutil.which("fio") is None:
         pytest.skip("fio not installed")
+    # fio saves <job>-<n>-verify.state files in its working directory: a temporary one
+    here = set(glob.glob("*-verify.state"))
     r = _run(
         "fio",
         "--name=verify",
@@ -145,6 +148,7 @@ def test_fio_verify(d: Path) -> None:
         "--numjobs=2",
         "--group_reporting",
         "--randseed=6",
+        cwd=tmp_path,
     )
     assert "err= 0" in r.stdout
     r = _run(
@@ -159,8 +163,10 @@ def test_fio_verify(d: Path) -> None:
         "--verify_fatal=1",
         "--do_verify=1",
         "--end_fsync=1",
+        cwd=tmp_path,
     )
     assert "err= 0" in r.stdout
+    assert set(glob.glob("*-verify.state")) == here  # nothing left where pytest runs
 
 
 # ---------------------------------------------------------------------------- failover (last: disturbs the cluster)

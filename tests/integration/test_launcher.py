@@ -492,6 +492,29 @@ def test_end_to_end_mount_write_read_and_clean_down(cluster_dir: Path, tmp_path:
         p["alive"] for p in s["processes"] if p["name"] == "fuse"
     ] == [True]
 
+    # capacity on a shared disk: the six targets share cluster_dir's file system, which
+    # counts once; a user can store a third of it (3 replicas), and df on the mount agrees
+    disk = os.statvfs(cluster_dir)
+    raw = disk.f_blocks * disk.f_frsize
+    cap = _wait_status(
+        cluster_dir,
+        lambda s: (s.get("capacity") or {}).get("filesystems") == 1,
+        20,
+        "every target to report its file system",
+    )["capacity"]
+    assert (cap["replicas"], cap["targets"], cap["chain_table"]) == (3, 6, 1)
+    assert cap["raw_capacity_bytes"] == raw and cap["capacity_bytes"] == raw // 3
+    assert cap["raw_free_bytes"] <= disk.f_bfree * disk.f_frsize
+    assert cap["free_bytes"] == cap["raw_free_bytes"] // 3
+    deadline = time.monotonic() + 20  # meta learns fs ids from its routing watcher
+    while (m := os.statvfs(mnt)).f_blocks * m.f_frsize > raw // 3 + m.f_frsize:
+        assert time.monotonic() < deadline, (m, raw)
+        time.sleep(0.2)
+    assert m.f_blocks * m.f_frsize >= raw // 3 - m.f_frsize
+    assert m.f_bavail * m.f_frsize <= cap["raw_free_bytes"] // 3 + (64 << 20)
+    table = run_cli("status", "--dir", str(cluster_dir)).stdout
+    assert "raw / 3 replicas of chain table 1" in table and "on 1 file system" in table
+
     rng = random.Random(7)
     through_mount = rng.randbytes(3 * (1 << 20) + 123)
     through_api = rng.randbytes((1 << 20) + 4567)
@@ -521,3 +544,33 @@ def test_end_to_end_mount_write_read_and_clean_down(cluster_dir: Path, tmp_path:
     assert dn.returncode == 0, dn.stderr
     assert mount_fstype(str(mnt)) is None, "no mount left behind"
     assert_nothing_running(cluster_dir)
+
+
+@pytest.mark.fuse
+@pytest.mark.timeout(300)
+def test_up_sh_again_on_a_running_cluster_only_prints_its_status(
+    cluster_dir: Path, tmp_path: Path
+) -> None:
+    """README command 1, twice: the second run neither installs nor restarts, and prints one status."""
+    need_services()
+    if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
+        pytest.skip("needs /dev/fuse and fusermount3")
+    if Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
+        pytest.skip("scripts/up.sh uses this checkout's .venv; these tests run elsewhere")
+    mnt = tmp_path / "mnt"
+    up = ["bash", str(ROOT / "scripts" / "up.sh"), "--dir", str(cluster_dir), "--mount", str(mnt)]
+    first = subprocess.run(up, capture_output=True, text=True, timeout=200, check=False)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert mount_state(str(mnt)) == "mounted"
+    pids = {r.name: r.pid for r in recorded(cluster_dir)}
+    t0 = time.monotonic()
+    again = subprocess.run(up, capture_output=True, text=True, timeout=60, check=False)
+    took = time.monotonic() - t0
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stderr == ""
+    out = again.stdout
+    assert out.startswith(f"fs3 is already running in {cluster_dir}\n"), out
+    assert out.count("leader: ") == 1 and "installing" not in out
+    assert "capacity: " in out and "raw: " in out
+    assert {r.name: r.pid for r in recorded(cluster_dir)} == pids  # nothing restarted
+    assert took < 20, took  # a status query; was a pip install + two status queries

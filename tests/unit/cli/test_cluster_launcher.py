@@ -162,7 +162,23 @@ def test_render_status_table() -> None:
         "chains": [
             {"id": 1, "version": 2, "targets": [201, 101], "states": ["serving", "offline"]}
         ],
+        "capacity": {
+            "chain_table": 1,
+            "replicas": 2,
+            "capacity_bytes": 5 << 30,
+            "free_bytes": 3 << 29,
+            "used_bytes": 1024,
+            "raw_capacity_bytes": 10 << 30,
+            "raw_free_bytes": 3 << 30,
+            "raw_used_bytes": 2048,
+            "filesystems": 1,
+            "targets": 2,
+        },
     }
     out = launcher.render_status(s)
     assert "leader: mgmtd-1" in out and "storage-1  storage  5    NO" in out
-    assert "201(serving) -> 101(offline)" in out and "2.0 KiB used, 3.0 GiB free" in out
+    assert "201(serving) -> 101(offline)" in out
+    assert (
+        "capacity: 1.5 GiB free of 5.0 GiB (raw / 2 replicas of chain table 1); data 1.0 KiB" in out
+    )
+    assert "raw: 3.0 GiB free of 10.0 GiB on 1 file system (2 targets" in out

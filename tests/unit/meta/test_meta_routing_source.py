@@ -35,8 +35,18 @@ def test_latest_table_and_space() -> None:
     src = RoutingChainTables(SimpleNamespace(current=routing()))
     assert src.latest_table(1) == (2, [1, 2])
     assert src.latest_table(9) is None
-    # chain 1 holds as much as its smallest replica; chain 2 has one replica
-    assert src.space() == (800 + 2000, 300 + 0, 500 + 2000)
+    # three file systems (no fs_id: each target its own), raw figures divided by the
+    # table's replication factor (its longest chain: 2)
+    assert src.space() == ((1000 + 800 + 2000) // 2, (100 + 300) // 2, (900 + 500 + 2000) // 2)
+    shared = Routing(routing().info)
+    for t in shared.info.targets:
+        t.fs_id = "host:803:1"  # one disk under all three targets
+    shared = Routing(shared.info)
+    assert RoutingChainTables(SimpleNamespace(current=shared)).space() == (
+        2000 // 2,
+        400 // 2,
+        500 // 2,
+    )
 
 
 def test_empty_routing() -> None:
