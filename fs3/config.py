@@ -3,10 +3,18 @@
 Each service's config is a dataclass made of *sections* (``[node]``, ``[kv]``,
 ``[mgmtd]`` ...), each a dataclass whose fields carry their defaults and, in
 their names, their units (``heartbeat_interval_s``). :func:`load` reads the TOML
-file (stdlib ``tomllib``), applies ``FS3_<SECTION>_<KEY>`` environment overrides
-and validates: unknown sections or keys, wrong types and out-of-range values are
-refused with a message naming the file, section and key. Nothing else in fs3
-reads the environment for configuration.
+file (stdlib ``tomllib``), applies environment overrides and validates: unknown
+sections or keys, wrong types and out-of-range values are refused with a message
+naming the file, section and key.
+
+The environment (``os.environ`` unless ``env`` is given): for every section and
+key of the service's own config class, ``FS3_<SECTION>_<KEY>`` replaces the
+file's value (the environment wins; it is converted to the key's type and a bad
+value is refused). Any other ``FS3_*`` name is ignored silently. This module
+reads nothing else from the environment; the only other variables fs3 reads are
+``FS3_CLUSTER_FILE`` (the cluster file when none is given: ``fs3.connect``,
+``fs3 mount``, ``fs3 admin``) and ``XDG_STATE_HOME`` (base of ``fs3 mount``'s
+default log directory for non-root users). See docs/configuration.md.
 
 The cluster file (like FoundationDB's ``fdb.cluster``) is one line
 ``<cluster_id>@host:port,host:port`` listing the mgmtd addresses.

@@ -1,6 +1,6 @@
 """File layout math: file offset → chunk index → chain, and per-chunk splitting.
 
-This is the data path's only dependency on metadata (3fs-reference.md §6.4): a
+This is the data path's only dependency on metadata (docs/architecture.md#file-layout): a
 file's layout is fixed when it is created (chunk size, stripe width, the chain
 table id/version it was placed on and the stripe's window of chains), so every
 client maps offsets to chains on its own, without asking meta per I/O.
@@ -14,7 +14,7 @@ Mapping, as 3FS does it:
   fs3's meta records at create time), or derived from the chain table: the window
   ``base_index .. base_index + stripe - 1`` (1-based, wrapping) of the table,
   permuted by a *portable* deterministic shuffle seeded by ``seed`` (3FS used
-  libstdc++'s ``std::shuffle`` and got bitten when GCC changed it, issue #368;
+  libstdc++'s ``std::shuffle`` and got bitten when GCC changed it;
   we define our own Fisher–Yates over splitmix64 and never use Python's
   ``random``).
 

@@ -1,7 +1,7 @@
 """Placement at create time: which chains a new file's chunks go to.
 
-3FS §6.4: a file's layout is fixed when it is created. A directory holds a
-*default* layout (chunk size, stripe width, chain table id) that new files
+A file's layout is fixed when it is created (docs/architecture.md#file-layout).
+A directory holds a *default* layout (chunk size, stripe width, chain table id) that new files
 inherit; the file gets a concrete list of ``stripe`` chain ids taken as a
 window from the newest version of that chain table. Windows advance
 round-robin with a per-meta-server counter that starts at a random offset, so
