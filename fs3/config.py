@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fs3.errors import Code, FsError
+from fs3.limits import chunk_size_rule, valid_chunk_size
 
 
 class ConfigError(FsError):
@@ -146,9 +147,9 @@ class MetaSection:
         _check(self.heartbeat_interval_s > 0, "heartbeat_interval_s must be > 0")
         _check(self.request_record_ttl_s > 0, "request_record_ttl_s must be > 0")
         _check(self.gc_delay_s >= 0, "gc_delay_s must be >= 0")
-        cs = self.default_chunk_size
         _check(
-            cs >= 4096 and cs & (cs - 1) == 0, "default_chunk_size must be a power of two >= 4096"
+            valid_chunk_size(self.default_chunk_size),
+            f"default_chunk_size must be {chunk_size_rule()}",
         )
         _check(self.default_stripe >= 1, "default_stripe must be >= 1")
         _check(self.inode_batch >= 1, "inode_batch must be >= 1")

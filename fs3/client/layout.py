@@ -29,10 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fs3.errors import Code, FsError, invalid
-
-MAX_CHUNK_INDEX = (1 << 32) - 1
-MIN_CHUNK_SIZE = 4096
-MAX_CHUNK_SIZE = 1 << 30
+from fs3.limits import MAX_CHUNK_INDEX, chunk_size_rule, valid_chunk_size
 
 _MASK64 = (1 << 64) - 1
 
@@ -92,7 +89,7 @@ class Layout:
     """A file's layout (fixed at create).
 
     Attributes:
-        chunk_size: bytes per chunk, a power of two in [4 KiB, 1 GiB].
+        chunk_size: bytes per chunk, a power of two in [4 KiB, 64 MiB] (fs3.limits).
         stripe: number of chains the file's chunks rotate over.
         chain_ids: the stripe's chain ids in order (``len == stripe``), if the
             layout stores them explicitly (fs3 meta does); empty otherwise.
@@ -111,8 +108,8 @@ class Layout:
 
     def validate(self) -> None:
         cs = self.chunk_size
-        if not (MIN_CHUNK_SIZE <= cs <= MAX_CHUNK_SIZE and cs & (cs - 1) == 0):
-            raise invalid(f"chunk_size must be a power of two in [4096, 2^30], got {cs}")
+        if not valid_chunk_size(cs):
+            raise invalid(f"chunk_size must be {chunk_size_rule()}, got {cs}")
         if self.stripe < 1:
             raise invalid(f"stripe must be >= 1, got {self.stripe}")
         if self.chain_ids and len(self.chain_ids) != self.stripe:

@@ -52,9 +52,9 @@ from typing import NoReturn
 import crc32c as _crc32c
 
 from fs3.errors import Code, FsError, invalid
+from fs3.limits import MAX_CHUNK_SIZE
 from fs3.transport.region import buffer_address
 
-MAX_CHUNK_SIZE = 64 << 20
 DEFAULT_BLOCK_SIZE = 64 << 10
 SPARE_BATCH = 32  # empty data files created (and their directory fsync'd) at a time
 _ALL_INDEXES = 0xFFFFFFFF
@@ -1170,5 +1170,4 @@ __all__ = [
     "PendingUpdate",
     "SpaceStats",
     "crc32c",
-    "MAX_CHUNK_SIZE",
 ]
