@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Client I/O benchmark (issue 5): every client path of fs3 against the local disk, in one run.
+"""Client I/O benchmark: every client path of fs3 against the local disk, in one run.
 
 For the same SIZE (default 1 GiB), on one host:
 
@@ -76,7 +76,7 @@ def say(msg: str) -> None:
 
 
 class LocalFile:
-    """A local fd driven with os.pwrite/os.pread (the baseline the issue names)."""
+    """A local fd driven with os.pwrite/os.pread (the baseline of every client path)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd

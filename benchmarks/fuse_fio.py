@@ -1,6 +1,6 @@
 """FUSE benchmark: fio and metadata ops on an fs3 mount and on a local-disk directory, in one run.
 
-Jobs (issue 6 / brief), each run on the fs3 mount and on the local directory:
+Jobs, each run on the fs3 mount and on the local directory:
 
 * ``seq-write``: 1 GiB sequential write, 1 MiB blocks, fsync at the end;
 * ``seq-read``: the same file read back (page cache dropped first when root);

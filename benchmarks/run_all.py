@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The fs3 benchmark suite: one command, one report (issue 9 §2).
+"""The fs3 benchmark suite: one command, one report.
 
     /work/venv/bin/python benchmarks/run_all.py            # full suite (~30-60 min on 2 cores)
     /work/venv/bin/python benchmarks/run_all.py --quick    # small sizes, 1 run: checks the suite itself
@@ -769,7 +769,7 @@ def render_markdown(report: dict[str, Any], res: Results) -> str:
         )
     lines += [
         "",
-        "## Targets (issue 9 §3)",
+        "## Targets",
         "",
         "| target | fs3 | baseline | ratio | required | met |",
         "|---|---:|---:|---:|---|---|",

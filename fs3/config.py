@@ -3,10 +3,18 @@
 Each service's config is a dataclass made of *sections* (``[node]``, ``[kv]``,
 ``[mgmtd]`` ...), each a dataclass whose fields carry their defaults and, in
 their names, their units (``heartbeat_interval_s``). :func:`load` reads the TOML
-file (stdlib ``tomllib``), applies ``FS3_<SECTION>_<KEY>`` environment overrides
-and validates: unknown sections or keys, wrong types and out-of-range values are
-refused with a message naming the file, section and key. Nothing else in fs3
-reads the environment for configuration.
+file (stdlib ``tomllib``), applies environment overrides and validates: unknown
+sections or keys, wrong types and out-of-range values are refused with a message
+naming the file, section and key.
+
+The environment (``os.environ`` unless ``env`` is given): for every section and
+key of the service's own config class, ``FS3_<SECTION>_<KEY>`` replaces the
+file's value (the environment wins; it is converted to the key's type and a bad
+value is refused). Any other ``FS3_*`` name is ignored silently. This module
+reads nothing else from the environment; the only other variables fs3 reads are
+``FS3_CLUSTER_FILE`` (the cluster file when none is given: ``fs3.connect``,
+``fs3 mount``, ``fs3 admin``) and ``XDG_STATE_HOME`` (base of ``fs3 mount``'s
+default log directory for non-root users). See docs/configuration.md.
 
 The cluster file (like FoundationDB's ``fdb.cluster``) is one line
 ``<cluster_id>@host:port,host:port`` listing the mgmtd addresses.
@@ -26,6 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fs3.errors import Code, FsError
+from fs3.limits import chunk_size_rule, valid_chunk_size
 
 
 class ConfigError(FsError):
@@ -144,9 +153,9 @@ class MetaSection:
         _check(self.heartbeat_interval_s > 0, "heartbeat_interval_s must be > 0")
         _check(self.request_record_ttl_s > 0, "request_record_ttl_s must be > 0")
         _check(self.gc_delay_s >= 0, "gc_delay_s must be >= 0")
-        cs = self.default_chunk_size
         _check(
-            cs >= 4096 and cs & (cs - 1) == 0, "default_chunk_size must be a power of two >= 4096"
+            valid_chunk_size(self.default_chunk_size),
+            f"default_chunk_size must be {chunk_size_rule()}",
         )
         _check(self.default_stripe >= 1, "default_stripe must be >= 1")
         _check(self.inode_batch >= 1, "inode_batch must be >= 1")

@@ -5,7 +5,8 @@
 * :class:`~fs3.client.core.AsyncClient` — the asyncio core shared by the Python
   API, the FUSE daemon and the USRBIO agent (inode-level operations).
 * :class:`~fs3.client.bridge.Bridge` — runs the core on an asyncio loop in a
-  thread, with sync (``run``) and trio (``trio_run``) entries.
+  background thread for synchronous callers (``run``; trio programs may use
+  ``trio_run``); the FUSE daemon and USRBIO agent run on the core's own loop.
 """
 
 from __future__ import annotations

@@ -1,29 +1,32 @@
 """AsyncClient: the runtime-independent asyncio core of every fs3 client.
 
 One object per client process holds everything a client needs (3FS's FUSE
-daemon does the same, §7.1): the mgmtd client and routing watcher, the meta
-client (failover between meta servers), the storage client (chunk I/O over a
-bulk transport) and the open file handles with their unreported lengths.
+daemon does the same; docs/architecture.md#client-mount-and-usrbio): the mgmtd
+client and routing watcher, the meta client (failover between meta servers),
+the storage client (chunk I/O over a bulk transport) and the open file handles
+with their unreported lengths.
 
 Its API mirrors the FUSE low-level operations and works on **inode numbers**
 and **bytes names**, taking the caller's identity (:class:`Caller`) on every
 namespace operation, so
 
-* the FUSE daemon (trio) maps each pyfuse3 handler to one call, through
-  ``await bridge.trio_run(client.<op>(...))`` (:mod:`fs3.client.bridge`);
+* the FUSE daemon (:mod:`fs3.fuse.ops`) runs pyfuse3 in asyncio mode on the
+  client's own loop and awaits one core call per handler;
 * the sync Python API (:mod:`fs3.client.file_api`) resolves paths with
   :meth:`AsyncClient.resolve` and calls the same operations through
   ``bridge.run(...)``;
-* the USRBIO agent uses :meth:`read_into_chunks` style calls with its own buffers.
+* the USRBIO agent calls :meth:`readinto`/:meth:`write` with views into its Iov
+  mapping.
 
 All coroutines must run on the event loop the client was created on (the
-bridge loop). Errors are :class:`~fs3.errors.FsError`; ``err.errno`` is what a
-POSIX caller should see (``err.to_oserror()``).
+bridge's loop, or the FUSE daemon's). Errors are :class:`~fs3.errors.FsError`;
+``err.errno`` is what a POSIX caller should see (``err.to_oserror()``).
 
-Semantics (issue 5 §1):
+Semantics (docs/architecture.md):
 
-* **Writes** are write-through: :meth:`write` returns after every chunk piece
-  was committed by its chain (the head acks after the tail committed). The
+* **Writes**: :meth:`write` returns after every piece is committed by its chain
+  (the head acks after the tail committed), unless ``behind=True`` (started in
+  the background; flush/fsync/release wait and raise a deferred failure). The
   file length lives in meta; a handle remembers the highest end offset it wrote
   and reports it as a length hint on :meth:`flush`/:meth:`fsync`/:meth:`release`
   and every ``length_report_interval_s`` for long writers. Hints never shrink a
@@ -36,7 +39,8 @@ Semantics (issue 5 §1):
   removes chunks past the new end and cuts the boundary chunk on every replica
   before returning, so a later extension reads zeros.
 * **Durability**: :meth:`fsync` and :meth:`release` return after the data is
-  committed (always, see writes) and the length is recorded in meta.
+  committed (background writes included, see writes) and the length is
+  recorded in meta.
 """
 
 from __future__ import annotations
@@ -1309,7 +1313,8 @@ class AsyncClient:
             fh.known_length = max(int(attr.size), self._length(fh))
         if self.config.client.eof_length_from_storage and fh.chains:
             # Writers elsewhere report their length only every few seconds; the
-            # chunks themselves already show how far the file goes (3FS §6.6).
+            # chunks themselves already show how far the file goes
+            # (docs/architecture.md#file-length).
             fh.known_length = max(fh.known_length, await self.storage_length(fh))
         return self._length(fh)
 

@@ -1,6 +1,6 @@
-"""Garbage collection of removed files' chunks (3fs-reference.md §6.10).
+"""Garbage collection of removed files' chunks (docs/architecture.md#removing-a-file-gc).
 
-When the last link of a file goes and no write session holds it, meta puts the
+When the last link of a file goes and no open session (read or write) holds it, meta puts the
 inode (with its layout and last length) in its GC queue. This worker drains the
 queue: for each due entry it removes every chunk of the inode on every chain of
 its stripe (``RemoveChunks``, replicated along the chain, repeated while the
@@ -16,7 +16,11 @@ calls into its operator or over RPC through :class:`~fs3.client.meta_client.Meta
 
 or, from a meta server that has a MgmtdClient but no storage client yet::
 
-    worker = await GcWorker.for_meta_server(mgmtd_client, list_gc=..., ack_gc=..., config=cfg)
+    worker = await GcWorker.for_meta_server(
+        mgmtd_client, list_gc=..., ack_gc=..., client_id="meta-gc-1",
+        client=cfg.client, transport=cfg.transport,
+    )
+    task = asyncio.create_task(worker.run(stop_event))  # await worker.close() when done
 """
 
 from __future__ import annotations

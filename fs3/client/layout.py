@@ -1,6 +1,6 @@
 """File layout math: file offset → chunk index → chain, and per-chunk splitting.
 
-This is the data path's only dependency on metadata (3fs-reference.md §6.4): a
+This is the data path's only dependency on metadata (docs/architecture.md#file-layout): a
 file's layout is fixed when it is created (chunk size, stripe width, the chain
 table id/version it was placed on and the stripe's window of chains), so every
 client maps offsets to chains on its own, without asking meta per I/O.
@@ -14,7 +14,7 @@ Mapping, as 3FS does it:
   fs3's meta records at create time), or derived from the chain table: the window
   ``base_index .. base_index + stripe - 1`` (1-based, wrapping) of the table,
   permuted by a *portable* deterministic shuffle seeded by ``seed`` (3FS used
-  libstdc++'s ``std::shuffle`` and got bitten when GCC changed it, issue #368;
+  libstdc++'s ``std::shuffle`` and got bitten when GCC changed it;
   we define our own Fisher–Yates over splitmix64 and never use Python's
   ``random``).
 
@@ -29,10 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fs3.errors import Code, FsError, invalid
-
-MAX_CHUNK_INDEX = (1 << 32) - 1
-MIN_CHUNK_SIZE = 4096
-MAX_CHUNK_SIZE = 1 << 30
+from fs3.limits import MAX_CHUNK_INDEX, chunk_size_rule, valid_chunk_size
 
 _MASK64 = (1 << 64) - 1
 
@@ -92,7 +89,7 @@ class Layout:
     """A file's layout (fixed at create).
 
     Attributes:
-        chunk_size: bytes per chunk, a power of two in [4 KiB, 1 GiB].
+        chunk_size: bytes per chunk, a power of two in [4 KiB, 64 MiB] (fs3.limits).
         stripe: number of chains the file's chunks rotate over.
         chain_ids: the stripe's chain ids in order (``len == stripe``), if the
             layout stores them explicitly (fs3 meta does); empty otherwise.
@@ -111,8 +108,8 @@ class Layout:
 
     def validate(self) -> None:
         cs = self.chunk_size
-        if not (MIN_CHUNK_SIZE <= cs <= MAX_CHUNK_SIZE and cs & (cs - 1) == 0):
-            raise invalid(f"chunk_size must be a power of two in [4096, 2^30], got {cs}")
+        if not valid_chunk_size(cs):
+            raise invalid(f"chunk_size must be {chunk_size_rule()}, got {cs}")
         if self.stripe < 1:
             raise invalid(f"stripe must be >= 1, got {self.stripe}")
         if self.chain_ids and len(self.chain_ids) != self.stripe:

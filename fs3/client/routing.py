@@ -5,7 +5,7 @@ tables). Storage nodes, meta servers and clients keep the newest one they have
 seen in a :class:`RoutingWatcher` and look things up through :class:`Routing`,
 which indexes the proto once so the data path never scans lists.
 
-Two rules every user relies on (3FS §2.5):
+Two rules every user relies on (docs/chain-states.md):
 
 * a watcher **never goes back** to a lower routing version, whatever order
   answers arrive in (the watch stream and the poll may race);

@@ -1,4 +1,4 @@
-"""Storage client: chunk I/O against CRAQ chains (3fs-reference.md §4, §7.2).
+"""Storage client: chunk I/O against CRAQ chains (docs/architecture.md: data flows).
 
 * A user I/O is split per chunk (:func:`fs3.client.layout.split`); pieces run
   in parallel with at most ``io_depth`` in flight per client operation.
@@ -83,7 +83,9 @@ MAX_CHANNELS = 65535
 
 
 class ChannelAllocator:
-    """Update channels for exactly-once chunk updates (3FS §4.5).
+    """Update channels for exactly-once chunk updates.
+
+    See docs/architecture.md#retries-and-exactly-once-updates.
 
     A channel is held by one in-flight update; its sequence number is taken
     from a client-wide counter so a (channel, seqnum) pair is never reused.
@@ -915,7 +917,10 @@ class StorageClient:
     # ------------------------------------------------------------------ length
 
     async def query_length(self, inode: int, chains: Sequence[int], chunk_size: int) -> int:
-        """File length as storage sees it: max over chains of last chunk end (3FS §6.6)."""
+        """File length as storage sees it: max over chains of last chunk end.
+
+        See docs/architecture.md#file-length.
+        """
 
         async def one(chain_id: int) -> int:
             deadline = Deadline(self._policy.deadline_s)

@@ -1,6 +1,6 @@
 """``fs3 mount --cluster FILE MOUNTPOINT [--foreground] [-o opt,...] [--config FILE]``.
 
-Lifecycle (issue 6 §7):
+Lifecycle:
 
 * Preflight in the calling process: the mount point must be a directory; a
   *stale* FUSE mount there (ENOTCONN: its daemon crashed) is cleared with
@@ -222,8 +222,8 @@ def serve(
 
     Everything runs on ONE asyncio loop in the main thread: pyfuse3 in its
     asyncio mode (``pyfuse3.asyncio.enable()``, pyfuse3 >= 3.2), the client
-    core, the USRBIO agent (anyio) and the daemon's background tasks. Until
-    issue 9 pyfuse3 ran on trio and every handler crossed to the client's
+    core, the USRBIO agent (anyio) and the daemon's background tasks. pyfuse3
+    used to run on trio and every handler crossed to the client's
     asyncio loop in a second thread (fs3.client.bridge): two schedulers, two
     cross-thread wake-ups and GIL hand-offs per request, 15-20 % of the
     daemon's CPU in profiles. Measured with one loop (2 cores, 3 storage

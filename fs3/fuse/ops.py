@@ -1,6 +1,6 @@
 """The pyfuse3 file system: every FUSE low-level operation mapped onto :class:`AsyncClient`.
 
-Design decisions (issue 6; the reasons are in the docstrings below):
+Design decisions (the reasons are in the docstrings below):
 
 * **Permissions are checked twice, by the same POSIX rules**: meta checks
   every operation inside its transaction (the authority: it sees fresh
@@ -19,7 +19,7 @@ Design decisions (issue 6; the reasons are in the docstrings below):
   succeeds only if both allow it; they differ only while another mount's
   chmod/chown is still hidden by this mount's attribute cache
   (``attr_timeout_s``).
-* **One asyncio loop** (issue 9): pyfuse3 runs in its asyncio mode
+* **One asyncio loop**: pyfuse3 runs in its asyncio mode
   (``pyfuse3.asyncio.enable()``, see fs3.fuse.main) on the loop that also runs
   the client core, so a handler awaits the client's coroutines directly
   (:meth:`Fs3Operations._call` is a plain await). It used to run on trio and
@@ -30,11 +30,12 @@ Design decisions (issue 6; the reasons are in the docstrings below):
   an escaped exception silently ends that worker task and the kernel's request
   is never answered (the caller hangs), so this matters even more than on trio
   (where it ended ``pyfuse3.main`` and left the mount returning ENOTCONN).
-* **Write buffering** (3FS §7.3): sequential writes to an inode accumulate in
-  one per-inode buffer that never crosses a chunk boundary; a full buffer (or a
-  non-contiguous write, flush, fsync, release, a read or setattr of the inode,
-  or age) is written to storage in the background, at most
-  ``write_behind_chunks`` at a time per mount. A write error of a background
+* **Write buffering** (docs/architecture.md, data flow of a write, step 2):
+  sequential writes to an inode accumulate in one per-inode buffer that never
+  crosses a chunk boundary; a full buffer (or a non-contiguous write, flush,
+  fsync, release, a read or setattr of the inode, or age) is written to
+  storage in the background, at most ``write_behind_chunks`` at a time per
+  mount. A write error of a background
   flush is reported by the next write, flush (close) or fsync of the handle, as
   the kernel does for its own page cache. ``flush``/``fsync``/``release`` wait
   for every write of the inode and then report the length (and the last write's
@@ -1103,7 +1104,7 @@ class Fs3Operations(pyfuse3.Operations):
 
 
 class UsrbioBackend:
-    """The USRBIO agent's I/O backend for this mount (issue 6 §8).
+    """The USRBIO agent's I/O backend for this mount (docs/architecture.md#usrbio).
 
     Ring I/Os address inodes; like 3FS, an inode must be open in this daemon
     (``reg_fd`` keeps the application's fd, hence its FUSE handle, open) in the

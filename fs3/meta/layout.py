@@ -1,7 +1,7 @@
 """Placement at create time: which chains a new file's chunks go to.
 
-3FS §6.4: a file's layout is fixed when it is created. A directory holds a
-*default* layout (chunk size, stripe width, chain table id) that new files
+A file's layout is fixed when it is created (docs/architecture.md#file-layout).
+A directory holds a *default* layout (chunk size, stripe width, chain table id) that new files
 inherit; the file gets a concrete list of ``stripe`` chain ids taken as a
 window from the newest version of that chain table. Windows advance
 round-robin with a per-meta-server counter that starts at a random offset, so
@@ -24,13 +24,12 @@ import threading
 from typing import Protocol
 
 from fs3.errors import posix
+from fs3.limits import chunk_size_rule, valid_chunk_size
 from fs3.logs import event
 from fs3.proto import meta_pb2
 
 log = logging.getLogger("fs3.meta.layout")
 
-MIN_CHUNK_SIZE = 4096
-MAX_CHUNK_SIZE = 1 << 30
 MAX_STRIPE = 4096
 
 
@@ -80,11 +79,8 @@ def validate_layout(layout: meta_pb2.Layout, *, partial: bool) -> None:
     """Refuse impossible layouts with EINVAL. ``partial``: zero fields mean "keep"."""
     cs = layout.chunk_size
     if cs or not partial:
-        if cs < MIN_CHUNK_SIZE or cs > MAX_CHUNK_SIZE or cs & (cs - 1):
-            raise posix(
-                errno.EINVAL,
-                f"chunk_size must be a power of two in [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}]",
-            )
+        if not valid_chunk_size(cs):
+            raise posix(errno.EINVAL, f"chunk_size must be {chunk_size_rule()}, got {cs}")
     if layout.stripe or not partial:
         if not 1 <= layout.stripe <= MAX_STRIPE:
             raise posix(errno.EINVAL, f"stripe must be in [1, {MAX_STRIPE}]")

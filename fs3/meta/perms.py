@@ -1,7 +1,8 @@
 """POSIX permission rules and name rules, as pure functions.
 
-fs3 checks permissions in meta (not in the kernel: the mount does not use
-``default_permissions``), so these functions follow the Linux man pages and the
+meta checks every operation by these rules (the mount also uses
+``default_permissions``, so the kernel checks as well, by the same rules; see
+:mod:`fs3.fuse.ops`), so these functions follow the Linux man pages and the
 kernel's ``generic_permission``/``inode_owner_or_capable``/``chown_ok`` logic:
 
 * root (uid 0) passes read/write checks always, and exec/search on a directory

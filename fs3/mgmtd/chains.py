@@ -3,7 +3,7 @@
 mgmtd turns the *local* states storage nodes report (UPTODATE / ONLINE /
 OFFLINE) into the *public* states it publishes (SERVING / LASTSRV / SYNCING /
 WAITING / OFFLINE) with one chain-wide pass, :func:`next_chain`, which follows
-3FS ``updateChain.cc::generateNewChain`` (see 3fs-reference.md §2.6):
+3FS ``updateChain.cc::generateNewChain`` (see docs/chain-states.md#the-state-machine-in-mgmtd):
 
 * a serving target that died becomes LASTSRV if it is the first serving one to
   die in this round and nothing else serves, otherwise OFFLINE;

@@ -2,7 +2,7 @@
 
 3FS computes chain tables offline with an integer program (a balanced
 incomplete block design: every pair of nodes shares the same number of
-chains, see 3fs-reference.md §3.3). fs3 ships a deterministic heuristic that
+chains). fs3 ships a deterministic heuristic that
 gets close on small clusters and reports how close it got:
 
 1. **Capacity.** In fs3 (as in 3FS) every target belongs to exactly one chain,

@@ -1,6 +1,7 @@
 """Chunk engine: the per-target store of chunk data and metadata.
 
-Semantics follow 3FS's *new* chunk engine (reference §5.1):
+Semantics follow 3FS's *new* chunk engine (docs/architecture.md#where-fsync-happens;
+the rows are in docs/kv-schema.md#chunk-metadata-of-storage-targets):
 
 - **Copy-on-write.** An update is *staged* into a new data file (or, for a pure
   append, past the committed length of the current file, which readers never
@@ -13,8 +14,8 @@ Semantics follow 3FS's *new* chunk engine (reference §5.1):
   its new one, never a mix, and its checksums match. Files no committed row names
   (a crash between staging and committing) are deleted at start-up.
 - **Pending state is in memory.** A restarted target always resyncs from its
-  predecessor (reference §2.6 start-up rule), so losing staged-but-uncommitted
-  updates on a crash is safe.
+  predecessor (docs/chain-states.md#local-states-on-the-storage-node, start-up),
+  so losing staged-but-uncommitted updates on a crash is safe.
 
 Checksums: every chunk has a whole-chunk CRC32C (what replicas compare) and a
 CRC32C per ``block_size`` block (default 64 KiB). Reads verify the blocks that
@@ -22,8 +23,11 @@ cover the requested range, so a 4 KiB random read checks 64 KiB rather than a
 whole chunk, yet every byte served is verified; a mismatch raises
 ``CHECKSUM_MISMATCH``.
 
-All methods are synchronous and may block on disk I/O; the storage service calls
-them from worker threads (``asyncio.to_thread``). Per-chunk mutual exclusion of
+All methods are synchronous and may block on disk I/O. The storage service runs
+them in the node's I/O thread pool (``[storage] io_threads``, via
+``Replicator.run_blocking``); a few cheap calls run on the event loop itself
+(``list``/``get``/``space``, small reads up to ``operator.INLINE_READ_MAX``,
+``is_published_cheaply``/``publish_prepared``). Per-chunk mutual exclusion of
 stage/commit is the caller's job (the CRAQ layer's chunk locks); the engine only
 guards its own shared structures.
 """
@@ -48,9 +52,9 @@ from typing import NoReturn
 import crc32c as _crc32c
 
 from fs3.errors import Code, FsError, invalid
+from fs3.limits import MAX_CHUNK_SIZE
 from fs3.transport.region import buffer_address
 
-MAX_CHUNK_SIZE = 64 << 20
 DEFAULT_BLOCK_SIZE = 64 << 10
 SPARE_BATCH = 32  # empty data files created (and their directory fsync'd) at a time
 _ALL_INDEXES = 0xFFFFFFFF
@@ -1166,5 +1170,4 @@ __all__ = [
     "PendingUpdate",
     "SpaceStats",
     "crc32c",
-    "MAX_CHUNK_SIZE",
 ]

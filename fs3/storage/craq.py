@@ -1,6 +1,7 @@
 """CRAQ write path: head serialisation, forwarding, commit on the way back.
 
-Every target on a chain runs the same steps for an update (reference §4.2):
+Every target on a chain runs the same steps for an update
+(docs/architecture.md#data-flow-of-a-write, steps 4-7):
 check the chain version and the target's role, take the chunk lock, verify the
 payload checksum, stage the new version in the chunk engine (copy-on-write:
 readers keep the committed copy), forward it to the successor and wait, compare
@@ -11,17 +12,19 @@ committed, i.e. after every replica on the write path has the new version.
 The head assigns ``update_ver = commit_ver + 1``; successors take the head's
 number (``≤ commit_ver`` → already applied, answered from the chunk's meta;
 ``> commit_ver + 1`` → MISSING_UPDATE). A SYNCING successor receives full-chunk
-replacements (§4.7). A staged update the head could not finish (successor down
-past the retry deadline) stays pending and is *re-driven* as a full-chunk
+replacements (docs/chain-states.md#resync). A staged update the head could
+not finish (successor down past the retry deadline) stays pending and is *re-driven* as a full-chunk
 replace before the chunk's next update, so versions never fork.
 
 Forwarding retries with backoff (100 ms → 1 s) while re-reading routing: after
 mgmtd moves a dead successor to the end of the chain, the next attempt goes to
-the new successor, or commits locally if there is none (§4.4).
+the new successor, or commits locally if there is none (step 7 of the write
+data flow in docs/architecture.md).
 
 Exactly-once: :class:`UpdateChannels` caches, per (client, chain, channel), the
 last seqnum and its result, so a retried request is answered without touching
-the disk (§4.5). It lives in memory, like 3FS's.
+the disk (docs/architecture.md#retries-and-exactly-once-updates). It lives in
+memory, like 3FS's.
 """
 
 from __future__ import annotations
@@ -39,10 +42,11 @@ from typing import Any, Protocol, TypeVar
 from fs3.client.routing import SERVING, SYNCING
 from fs3.config import StorageSection
 from fs3.errors import Code, FsError, invalid
+from fs3.limits import MAX_CHUNK_SIZE
 from fs3.proto import storage_pb2, storage_pb2_grpc, transport_pb2
 from fs3.rpc.channel import ChannelPool, call
 from fs3.storage import metrics as M
-from fs3.storage.chunk_engine import MAX_CHUNK_SIZE, ChunkKey, ChunkMeta, PendingUpdate, crc32c
+from fs3.storage.chunk_engine import ChunkKey, ChunkMeta, PendingUpdate, crc32c
 from fs3.storage.target import L_OFFLINE, StorageTarget, TargetMap
 from fs3.transport.base import ClientTransport
 

@@ -1,4 +1,4 @@
-"""A minimal chunk-level client of the storage service (tests, benchmarks, admin).
+"""A minimal chunk-level client of the storage service (storage tests, benchmarks/storage_io.py).
 
 It speaks the StorageService RPCs directly: writes go to the chain head,
 reads to a chosen (default: random serving) replica; retryable errors

@@ -1,7 +1,7 @@
 """Storage operations behind the RPCs (the servicer in service.py only forwards here).
 
-Reads (reference §4.3, new engine): any target that is locally UPTODATE serves
-the *last committed* version of a chunk — staged updates live apart (COW), so a
+Reads (docs/architecture.md#data-flow-of-a-read): any target that is locally
+UPTODATE serves the *last committed* version of a chunk — staged updates live apart (COW), so a
 reader never sees a half-applied write and never has to ask the tail. Every read
 verifies the per-block CRC32Cs covering the requested range (see
 ``chunk_engine``); a mismatch is reported to mgmtd (``ReportTargetError``),

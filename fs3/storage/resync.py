@@ -1,4 +1,4 @@
-"""Resync of a SYNCING successor by its predecessor (reference §4.7).
+"""Resync of a SYNCING successor by its predecessor (docs/chain-states.md#resync).
 
 When routing shows that the successor of one of our targets is SYNCING, we are
 its predecessor (the last serving target) and run, per chain:

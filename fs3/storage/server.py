@@ -6,7 +6,7 @@ transport (tcp data listener, shm regions), and the loops that talk to mgmtd:
 
 - registration, then a heartbeat every ``heartbeat_interval_s`` and right after
   any local state change, reporting each target's local state, space and the
-  chain version it is based on (reference §2.3);
+  chain version it is based on (docs/chain-states.md);
 - routing: poll ``GetRoutingInfo`` every ``routing_refresh_s`` (and at once when a
   request showed a stale chain version, or a heartbeat answer names a newer
   routing version); each new routing updates the targets' chain views and local

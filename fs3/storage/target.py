@@ -3,7 +3,8 @@
 A storage node owns targets; each target is a directory with its own chunk
 engine and belongs to at most one chain. The node learns chain membership,
 chain versions and public states from mgmtd's routing info and derives each
-target's *local* state from them, following 3FS (reference §2.6):
+target's *local* state from them, following 3FS
+(docs/chain-states.md#local-states-on-the-storage-node):
 
 - start-up: report every target ``OFFLINE`` until routing shows none of this
   node's targets SERVING/SYNCING/WAITING (mgmtd noticed the absence), then report
@@ -48,7 +49,8 @@ LOCAL_NAMES: dict[int, str] = {
 class ChunkLocks:
     """Per-chunk asyncio locks, created on demand and dropped when unused.
 
-    The head's lock serialises every update of a chunk (reference §4.2 step 3);
+    The head's lock serialises every update of a chunk (docs/architecture.md,
+    data flow of a write, step 4);
     successors lock too so a forwarded update and a resync transfer never
     interleave on one chunk.
     """

@@ -9,7 +9,8 @@ storage-to-storage forwarding on tcp or inline). Wiring::
     await st.start(host)            # data_address is now "host:port" (tcp) or ""
     ... advertise st.data_address with the node's routing info ...
     payload = await st.fetch(req.data)                          # write path
-    n = await st.deliver_file(req.dest, fd, offset, length)     # read path (not inline)
+    await st.deliver_bytes(req.dest, data)  # read path (not inline): verified bytes
+    # (deliver_file(req.dest, fd, offset, length) sends from a file without reading it)
     await st.stop()
 """
 

@@ -18,8 +18,9 @@ Writes: the client sends a FRAME with a fresh transfer id and puts
 ``fetch`` waits for that frame on that connection (whichever arrives first,
 frame or RPC, the payload is received once, with ``recv_into``, into a buffer
 allocated for it). Reads: the client registers its destination under a fresh
-transfer id and sends the ref; the server sends one FRAME (header, then
-``sendfile`` from the chunk file), the client's reader task demultiplexes
+transfer id and sends the ref; the server sends one FRAME (header, then the
+payload: storage uses ``deliver_bytes`` with bytes it has read and checksum-verified;
+``deliver_file`` would ``sendfile`` from a file instead), the client's reader task demultiplexes
 frames by transfer id and ``recv_into``s into the destination.
 
 Failures: a peer that dies fails every transfer waiting on that connection at

@@ -1,14 +1,14 @@
 """USRBIO, agent side: drains the rings of a mount and performs their I/O.
 
 The agent runs inside the FUSE daemon (as 3FS's does). It is written on
-**anyio**, so it runs unchanged under trio (the FUSE daemon) and asyncio
-(tests, other hosts); the backend's coroutines are awaited in that same
-runtime. Hosting it in the FUSE daemon (trio)::
+**anyio**; the backend's coroutines are awaited in the agent's own runtime.
+The FUSE daemon runs ``agent.serve`` as an asyncio task on the client's loop
+(see :mod:`fs3.fuse.main`)::
 
     agent = UsrbioAgent(backend)
     sock = agent_socket_path(mountpoint)          # compute before mounting
-    await nursery.start(agent.serve, sock)        # returns once listening
-    ...                                           # cancel the nursery to stop
+    task = loop.create_task(agent.serve(sock, task_status=started))
+    ...                                           # cancel the task to stop
 
 The backend (duck-typed, see :class:`IoBackend`) does the actual file I/O::
 
@@ -21,13 +21,11 @@ The backend (duck-typed, see :class:`IoBackend`) does the actual file I/O::
     async def attach_region(region: ShmRegion) -> None             # an Iov appeared
     async def detach_region(region: ShmRegion) -> None             # it is going away
 
-``read_batch`` (when the backend has it) receives every read of one ring
-batch at once, so a backend living on another event loop crosses to it once
-per batch instead of once per I/O, and the reads reach its storage client in
-the same loop turn, where they coalesce into one request per storage node (a
-USRBIO ring with 64 4 KiB reads in flight was 64 bridge crossings and up to 64
-RPCs; it becomes one crossing and about one RPC per node). Its result list has
-one entry per I/O: the byte count, or the exception of that I/O alone.
+``read_batch`` (when the backend has it) gets a ring batch's reads in one
+call, so they reach the storage client in one loop turn and coalesce into one
+request per storage node (a USRBIO ring with 64 4 KiB reads in flight becomes
+about one RPC per node instead of up to 64). Its result list has one entry per
+I/O: the byte count, or the exception of that I/O alone.
 
 ``dest``/``src`` are views into the agent's mapping of the application's Iov:
 the agent never copies payload. For zero copy end to end, ``attach_region``

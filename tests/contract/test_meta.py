@@ -1179,7 +1179,7 @@ def test_creates_in_one_directory_do_not_conflict(db: Database) -> None:
     assert rep.ok, str(rep)
 
 
-# ---------------------------------------------------------------- fast paths (issue 9)
+# ------------------------------- fast paths (entry ops return parent attrs, LookupPath)
 
 
 def test_entry_ops_return_parent_attrs(fs: Fs) -> None:

@@ -695,7 +695,7 @@ def test_unclosed_file_is_flushed_at_exit(cluster: ProcessCluster, client: Any) 
 
 
 def test_inode_api_from_trio(client: Any) -> None:
-    """The FUSE daemon's path: AsyncClient inode operations awaited from trio through the bridge."""
+    """A trio program's path: AsyncClient inode operations awaited from trio through the bridge."""
     import trio
 
     from fs3.client.core import ROOT_INODE, Caller

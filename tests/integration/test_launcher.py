@@ -9,7 +9,6 @@ importable harness; and the end-to-end run with a FUSE mount.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import random
@@ -81,25 +80,11 @@ def _wait_status(d: Path, cond: Any, timeout: float, what: str) -> dict[str, Any
         time.sleep(0.2)
 
 
-def _missing_services() -> str:
-    for mod in ("fs3.mgmtd.server", "fs3.meta.server", "fs3.storage.server"):
-        if importlib.util.find_spec(mod) is None:
-            return mod
-    return ""
-
-
-def need_services() -> None:
-    missing = _missing_services()
-    if missing:
-        pytest.skip(f"{missing} has not landed yet")
-
-
 # --------------------------------------------------------------------------- the full cycle
 
 
 @pytest.mark.timeout(240)
 def test_cli_up_status_kill_restart_down_cycle(cluster_dir: Path) -> None:
-    need_services()
     d = cluster_dir
     # up: default shape (2 mgmtd, 2 meta, 3 storage x 2 targets, 3 replicas)
     r = run_cli("up", "--dir", str(d))
@@ -228,7 +213,6 @@ def test_ports_in_use_are_refused_before_anything_starts(cluster_dir: Path) -> N
 def test_a_process_that_dies_at_start_is_named_with_its_log_and_everything_stops(
     cluster_dir: Path,
 ) -> None:
-    need_services()
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", 0))
         blocker.listen()
@@ -413,7 +397,6 @@ def test_a_reused_pid_is_never_signalled() -> None:
 
 @pytest.mark.timeout(120)
 def test_process_cluster_harness(tmp_path: Path) -> None:
-    need_services()
     c = ProcessCluster(
         tmp_path / "pc",
         storage_nodes=2,
@@ -449,7 +432,6 @@ def test_process_cluster_harness(tmp_path: Path) -> None:
 def test_process_cluster_keeps_its_logs_when_the_test_fails(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    need_services()
     c = ProcessCluster(
         storage_nodes=1, targets_per_node=1, replicas=1, meta=1, mgmtd=1, start_timeout_s=60
     )
@@ -475,9 +457,6 @@ def test_process_cluster_keeps_its_logs_when_the_test_fails(
 @pytest.mark.fuse
 @pytest.mark.timeout(240)
 def test_end_to_end_mount_write_read_and_clean_down(cluster_dir: Path, tmp_path: Path) -> None:
-    need_services()
-    if importlib.util.find_spec("fs3.fuse.main") is None:
-        pytest.skip("fs3.fuse.main (`fs3 mount`, the FUSE daemon) has not landed yet")
     if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
         pytest.skip("needs /dev/fuse and fusermount3")
     import fs3

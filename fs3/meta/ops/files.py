@@ -20,14 +20,13 @@ import stat
 import uuid
 
 from fs3.errors import invalid, posix
+from fs3.limits import MAX_CHUNK_INDEX
 from fs3.meta import perms
 from fs3.meta import schema as S
 from fs3.meta.ops.common import OpCtx, release, search_dir, touch
 from fs3.meta.ops.namespace import _new_file
 from fs3.meta.store import Inode, MetaTxn
 from fs3.proto import common_pb2, meta_pb2
-
-MAX_CHUNK_INDEX = (1 << 32) - 1
 
 F = meta_pb2  # SetAttrField values live on the module
 _SETATTR_ALL = (

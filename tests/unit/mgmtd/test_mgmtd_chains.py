@@ -2,8 +2,10 @@
 
 Every combination of public x local state for chains of 1, 2 and 3 targets
 (15**n inputs) is run through ``next_chain`` and checked against the rules of
-3fs-reference.md §2.6; named scenarios then pin the exact transitions of the
-failure-and-return story (§2.7), LASTSRV and the partition case.
+docs/chain-states.md#the-state-machine-in-mgmtd; named scenarios then pin the
+exact transitions of the failure-and-return story
+(docs/chain-states.md#the-failure-and-return-story-end-to-end), LASTSRV and the
+partition case.
 """
 
 from __future__ import annotations
@@ -129,7 +131,10 @@ def with_local(chain: list[ChainTarget], **local: int) -> list[ChainTarget]:
 
 @pytest.mark.timeout(10)
 def test_failure_and_return_story() -> None:
-    """3FS §2.7: [A, B, C] serving, B dies, returns, syncs, serves as the new tail."""
+    """[A, B, C] serving, B dies, returns, syncs, serves as the new tail.
+
+    The failure-and-return story of docs/chain-states.md.
+    """
     c = [
         ChainTarget(1, SERVING, UPTODATE),
         ChainTarget(2, SERVING, UPTODATE),

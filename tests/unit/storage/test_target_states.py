@@ -1,4 +1,7 @@
-"""Storage-side local-state rules (reference §2.6, 3FS TargetMap), fed routing by hand."""
+"""Storage-side local-state rules, fed routing by hand.
+
+See docs/chain-states.md#local-states-on-the-storage-node.
+"""
 
 from __future__ import annotations
 
