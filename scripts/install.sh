@@ -5,7 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=""
-  for p in fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv fio sqlite3 iproute2 docker-compose git psmisc; do
+  # podman, catatonit (its --init) and debootstrap: tests/deploy runs docker-compose.yml in
+  # containers built by scripts/build-image.sh.
+  for p in fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv fio sqlite3 iproute2 docker-compose git psmisc \
+    podman catatonit debootstrap; do
     dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"
   done
   if [ -n "$need" ]; then
