@@ -14,8 +14,8 @@
 # label fs3.source: a hash of everything it is built from (the files .dockerignore
 # lets into the build context, the target and the base image's id); when the image
 # exists with the same hash nothing is rebuilt. When it changed, podman rebuilds
-# from its layer cache (a source change reinstalls only fs3 itself, not its
-# dependencies) and the superseded image is removed.
+# from its layer cache (a source change reinstalls only fs3 itself: the dependency
+# stage is kept as localhost/fs3-deps:cache) and the superseded layers are pruned.
 #
 # podman reads $CONTAINERS_CONF; on a machine that forbids containers to set
 # rlimits, point it at a containers.conf holding `[containers] default_ulimits = []`.
@@ -70,7 +70,7 @@ fi
 # only these), the target and the base.
 hash=$(
   {
-    find pyproject.toml README.md fs3 deploy/Dockerfile deploy/*.toml deploy/compose.cluster \
+    find pyproject.toml fs3 deploy/Dockerfile deploy/*.toml deploy/compose.cluster \
       -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 \
       | LC_ALL=C sort -z | xargs -0 sha256sum
     echo "target=$target base=$(podman image inspect --format '{{.Id}}' "$base")"
@@ -98,12 +98,15 @@ done
 
 say "building $image (target $target, base $base)"
 t0=$SECONDS
-podman build --network host -f deploy/Dockerfile --target "$target" \
-  --build-arg BASE_IMAGE="$base" "${ca_args[@]}" \
-  --label fs3.source="$hash" -t "$image" . >&2
+build=(podman build --network host -f deploy/Dockerfile --build-arg BASE_IMAGE="$base" "${ca_args[@]}")
+# The dependency stage gets a name of its own: its layers stay cached (not dangling) when
+# the pruning below removes the superseded layers of earlier builds.
+"${build[@]}" --target deps -t localhost/fs3-deps:cache . >&2
+"${build[@]}" --target "$target" --label fs3.source="$hash" -t "$image" . >&2
 new=$(podman image inspect --format '{{.Id}}' "$image")
 if [ -n "$old" ] && [ "$old" != "$new" ]; then
   podman rmi "$old" >/dev/null 2>&1 || say "kept the previous image $old (still in use)"
 fi
+podman image prune -f --filter label=fs3.image=fs3 >/dev/null
 say "built $image in $((SECONDS - t0)) s (fs3.source=$hash)"
 echo "$image"

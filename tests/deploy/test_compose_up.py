@@ -28,6 +28,7 @@ The story, timed phase by phase:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -58,6 +59,7 @@ ONE_SHOT = ["fdb-init", "chain-table"]
 VICTIM = "storage1"
 VICTIM_NODE = "storage-1"
 SEED = 20
+LOCK = "/tmp/fs3-compose-up-test.lock"
 
 
 @dataclass
@@ -172,6 +174,14 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def _try_lock(f: Any) -> bool:
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
 def _stop(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -190,6 +200,9 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         pytest.skip("/dev/fuse does not exist (modprobe fuse)")
     missing = [t for t in ("podman", "docker-compose", "debootstrap") if shutil.which(t) is None]
     assert not missing, f"{missing} not installed: run `bash scripts/install.sh` (as root)"
+    # The stack's ports are fixed: a second run of this test on the machine waits its turn.
+    lock = open(LOCK, "w")  # noqa: SIM115 - held until the fixture ends
+    wait_for(f"{LOCK} (another run of this test)", lambda: _try_lock(lock), 900, interval=2)
     busy = [p for p in PORTS if not _port_free(p)]
     assert not busy, f"127.0.0.1 ports {busy} of deploy/compose.local.yml are in use"
 
@@ -239,6 +252,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
             st.compose("down", "-v", "--timeout", "5", check=False)
         _stop(healthchecks)
         _stop(service)
+        lock.close()
 
 
 @dataclass
