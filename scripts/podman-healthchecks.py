@@ -11,7 +11,9 @@ the container's state, where the Docker-compatible API reports it).
 
 Timing: a container still "starting" is checked every ``--start-interval``
 seconds (1 s, like Docker's ``start_interval``), then at its own ``interval``.
-Checks of different containers run concurrently, at most one per container.
+Failed checks count towards the container's ``retries`` unless they fall in its
+``start_period`` (deploy/compose.local.yml sets one), as with Docker. Checks of
+different containers run concurrently, at most one per container.
 
     python3 scripts/podman-healthchecks.py [--until-pid PID]
 
