@@ -367,7 +367,7 @@ def test_compose_up_kill_storage_restart_down(
             nodes = {n["name"]: n["status"] for n in st.admin("nodes")}
             return nodes[VICTIM_NODE] == "offline"
 
-        wait_for(f"fs3 admin shows {VICTIM_NODE} offline", victim_offline, 60)
+        wait_for(f"fs3 admin shows {VICTIM_NODE} offline", victim_offline, 120)
         st.timings["offline_after_kill_s"] = time.monotonic() - t_kill
         targets = {t["id"]: t["state"] for t in st.admin("targets")}
         assert targets[101] == "offline" and targets[102] == "offline", targets
@@ -385,7 +385,7 @@ def test_compose_up_kill_storage_restart_down(
             ts = st.admin("targets")
             return len(ts) == 6 and all(t["state"] == "serving" for t in ts)
 
-        wait_for(f"{VICTIM} back and every target serving", all_serving, 120)
+        wait_for(f"{VICTIM} back and every target serving", all_serving, 180)
         wait_for(
             f"{VICTIM} healthy",
             lambda: (
