@@ -295,6 +295,27 @@ def _healthy(st: Stack) -> bool:
     return True
 
 
+def _conmons_of(container_ids: list[str]) -> list[int]:
+    """Pids of podman's conmon monitors still running for any of these containers."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (
+            argv
+            and argv[0].endswith(b"conmon")
+            and "-c" in (a.decode(errors="replace") for a in argv)
+        ):
+            cid = argv[argv.index(b"-c") + 1].decode(errors="replace")
+            if cid in container_ids:
+                pids.append(int(d.name))
+    return pids
+
+
 def _mount_lines() -> list[str]:
     return Path("/proc/self/mounts").read_text().splitlines()
 
@@ -430,6 +451,15 @@ def test_compose_up_kill_storage_restart_down(
     left = [m for m in mounts if "fs3:fs3-compose" in m or str(st.tmp) in m]
     left += [m for m in mounts if any(i in m for i in ids) or any(r in m for r in rootfs)]
     assert not left, f"mounts left: {left}"
+    # conmon keeps the monitor of a finished `podman exec` for up to 5 minutes (its
+    # --exit-delay, for an exit code nobody will ask for once the container is gone):
+    # end those of this project's containers instead of leaving them to the machine.
+    monitors = _conmons_of(ids)
+    for pid in monitors:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    st.timings["exec_monitors_ended"] = len(monitors)
+    wait_for("no process of the project's containers", lambda: not _conmons_of(ids), 30)
 
     # ... and the podman service this test started stops (with its health-check runner)
     st.service.send_signal(signal.SIGTERM)
