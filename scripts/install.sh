@@ -8,7 +8,9 @@
 # .venv/install.log and is shown only if the install fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PKGS="fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv fio sqlite3 iproute2 docker-compose git psmisc"
+# podman, catatonit (its --init) and debootstrap: tests/deploy runs docker-compose.yml in
+# containers built by scripts/build-image.sh.
+PKGS="fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv fio sqlite3 iproute2 docker-compose git psmisc podman catatonit debootstrap"
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   # shellcheck disable=SC2086
   have=$(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' $PKGS 2>/dev/null | awk '$1 == "ii" {print $2}' || true)

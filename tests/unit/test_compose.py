@@ -26,6 +26,7 @@ from fs3.cli.main import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
+LOCAL = ROOT / "deploy" / "compose.local.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 
 # fs3 subcommand -> config class of the process it runs
@@ -72,14 +73,42 @@ def fs3_argv(cmd: Any) -> list[str] | None:
     return None
 
 
-def compose_problems(data: dict[str, Any]) -> list[str]:
-    """Everything in ``data`` (a parsed compose file) that disagrees with fs3's CLI and config."""
+def load_local() -> dict[str, Any]:
+    """docker-compose.yml with deploy/compose.local.yml on top, merged by docker-compose itself."""
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.skip("docker-compose is not installed (scripts/install.sh installs it)")
+    r = subprocess.run(
+        [exe, "-f", str(COMPOSE), "-f", str(LOCAL), "config"],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stderr
+    data = yaml.safe_load(r.stdout)
+    assert isinstance(data, dict) and isinstance(data.get("services"), dict)
+    return data
+
+
+def compose_problems(
+    data: dict[str, Any],
+    *,
+    cluster_file: Path = ROOT / "deploy" / "compose.cluster",
+    host_network: bool = False,
+) -> list[str]:
+    """Everything in ``data`` (a parsed compose file) that disagrees with fs3's CLI and config.
+
+    ``host_network``: the services share the host's network (deploy/compose.local.yml),
+    so each must listen on 127.0.0.1 with a port of its own, instead of on its name.
+    """
     problems: list[str] = []
     services: dict[str, Any] = data["services"]
     dockerfile = DOCKERFILE.read_text()
     node_ids: dict[int, str] = {}
     mgmtd_addrs: set[str] = set()
     cluster_ids: set[str] = set()
+    ports: dict[int, str] = {}
     for name, svc in services.items():
         argv = fs3_argv(svc.get("command"))
         if argv is None:
@@ -117,7 +146,23 @@ def compose_problems(data: dict[str, Any]) -> list[str]:
                             f"{name}: node id {node.id} is also used by {node_ids[node.id]}"
                         )
                     node_ids[node.id] = name
-                    if node.host != name and svc.get("hostname") != node.host:
+                    if host_network:
+                        if node.host != "127.0.0.1" or svc.get("network_mode") != "host":
+                            problems.append(
+                                f"{name}: on the host network it must listen on 127.0.0.1, not {node.host!r}"
+                            )
+                        own = [node.port]
+                        if sub == "storage":
+                            own.append(cfg.transport.tcp_port)
+                        if hasattr(cfg, "metrics") and cfg.metrics.port > 0:
+                            own.append(cfg.metrics.port)
+                        for port in own:
+                            if port in ports or port <= 0:
+                                problems.append(
+                                    f"{name}: port {port} is not its own ({ports.get(port, 'free port')})"
+                                )
+                            ports[port] = name
+                    elif node.host != name and svc.get("hostname") != node.host:
                         problems.append(f"{name}: advertises host {node.host!r}, not its own name")
                 if sub == "mgmtd":
                     mgmtd_addrs.add(f"{cfg.node.host}:{cfg.node.port}")
@@ -134,14 +179,14 @@ def compose_problems(data: dict[str, Any]) -> list[str]:
                     vols = [str(v).split(":")[1] for v in svc.get("volumes", []) if ":" in str(v)]
                     if not any(t.startswith(v) for v in vols for t in st.targets):
                         problems.append(f"{name}: its targets {st.targets} are not on a volume")
-    cf = config.read_cluster_file(ROOT / "deploy" / "compose.cluster")
+    cf = config.read_cluster_file(cluster_file)
     if set(cf.mgmtd_addresses) != mgmtd_addrs:
         problems.append(
-            f"deploy/compose.cluster lists {sorted(cf.mgmtd_addresses)}, mgmtd services are {sorted(mgmtd_addrs)}"
+            f"deploy/{cluster_file.name} lists {sorted(cf.mgmtd_addresses)}, mgmtd services are {sorted(mgmtd_addrs)}"
         )
     if cluster_ids and cluster_ids != {cf.cluster_id}:
         problems.append(
-            f"cluster ids {sorted(cluster_ids)} differ from deploy/compose.cluster's {cf.cluster_id!r}"
+            f"cluster ids {sorted(cluster_ids)} differ from deploy/{cluster_file.name}'s {cf.cluster_id!r}"
         )
     return problems
 
@@ -242,6 +287,51 @@ def test_drift_is_detected(mutate: Any, expect: str) -> None:
     mutate(data)
     problems = compose_problems(data)
     assert problems and any(expect in p for p in problems), problems
+
+
+LOCAL_CLUSTER = ROOT / "deploy" / "compose.local.cluster"
+
+
+@pytest.mark.timeout(60)
+def test_local_override_keeps_the_topology_on_sqlite_and_the_host_network() -> None:
+    """deploy/compose.local.yml: same services and start order, no FoundationDB, 127.0.0.1 ports."""
+    base = load_compose()["services"]
+    data = load_local()
+    services = data["services"]
+    assert compose_problems(data, cluster_file=LOCAL_CLUSTER, host_network=True) == []
+    # the fdb server is left out (profile), nothing waits for it; everything else stays
+    assert services["fdb"].get("profiles") == ["fdb"]
+    assert set(services) == set(base)
+    for name, svc in services.items():
+        assert "fdb" not in (svc.get("depends_on") or {}), name
+        if name != "fdb":
+            assert svc.get("network_mode") == "host", name
+            assert svc.get("image") == "fs3:local", name
+        # health checks and start order of the production file are kept
+        assert set(svc.get("depends_on") or {}) == set(base[name].get("depends_on") or {}), name
+        assert ("healthcheck" in svc) == ("healthcheck" in base[name]), name
+    # mgmtd and meta share one SQLite database on one volume
+    urls = set()
+    for name in ("mgmtd1", "mgmtd2", "meta1", "meta2"):
+        env = env_of(services[name])
+        urls.add(env["FS3_KV_URL"])
+        assert "kv-data:/var/lib/fs3/kv:rw" in services[name]["volumes"], name
+    assert len(urls) == 1 and urls.pop().startswith("sqlite:///var/lib/fs3/kv/")
+    # storage nodes keep a volume each
+    vols = [tuple(str(v) for v in services[f"storage{i}"]["volumes"]) for i in (1, 2, 3)]
+    assert len(set(vols)) == 3
+
+
+@pytest.mark.timeout(60)
+def test_local_override_drift_is_detected() -> None:
+    data = load_local()
+    data["services"]["meta2"]["environment"]["FS3_NODE_PORT"] = "17101"
+    problems = compose_problems(data, cluster_file=LOCAL_CLUSTER, host_network=True)
+    assert any("port 17101 is not its own" in p for p in problems), problems
+    data = load_local()
+    data["services"]["storage1"]["environment"]["FS3_NODE_HOST"] = "0.0.0.0"
+    problems = compose_problems(data, cluster_file=LOCAL_CLUSTER, host_network=True)
+    assert any("must listen on 127.0.0.1" in p for p in problems), problems
 
 
 def _fs3_commands() -> list[tuple[str, list[str]]]:
