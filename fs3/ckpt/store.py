@@ -106,6 +106,9 @@ class Store:
     def remove_tree(self, rel: str) -> None:
         raise NotImplementedError
 
+    def unlink(self, rel: str) -> None:
+        raise NotImplementedError
+
     def close(self) -> None:
         pass
 
@@ -313,6 +316,9 @@ class PosixStore(Store):
     def remove_tree(self, rel: str) -> None:
         shutil.rmtree(self._p(rel), ignore_errors=False)
 
+    def unlink(self, rel: str) -> None:
+        os.unlink(self._p(rel))
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
@@ -421,6 +427,9 @@ class ClientStore(Store):
             f.fsync()
         # meta commits a rename as one transaction: durable once it returns
         self.client.rename(tmp, path)
+
+    def unlink(self, rel: str) -> None:
+        self.client.unlink(self._p(rel))
 
     def remove_tree(self, rel: str) -> None:
         path = self._p(rel)
