@@ -13,6 +13,8 @@ the checks that need no second rank run in this process.)
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,6 +40,9 @@ WORKER = str(Path(__file__).with_name("dcp_worker.py"))
 RANK_TIMEOUT_S = 120.0
 
 
+FUSE_OK = os.path.exists("/dev/fuse") and shutil.which("fusermount3") is not None
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ProcessCluster]:
     with ProcessCluster(
@@ -46,6 +51,7 @@ def cluster() -> Iterator[ProcessCluster]:
         replicas=1,
         meta=1,
         mgmtd=1,
+        mount=FUSE_OK,  # the mount's USRBIO agent serves the local-path test
         overrides={"storage": {"storage": {"fsync": False}}},
     ) as c:
         yield c
@@ -193,3 +199,37 @@ def test_missing_checkpoint_on_fs3(client: Any) -> None:
     client.mkdir(path)
     with pytest.raises(CheckpointException, match="no committed DCP checkpoint"):
         load_here(client, "fs3://" + path)
+
+
+@pytest.mark.fuse
+@pytest.mark.skipif(not FUSE_OK, reason="needs /dev/fuse and fusermount3")
+def test_usrbio_on_a_mount_and_read_back_through_the_client_api(
+    cluster: ProcessCluster, client: Any
+) -> None:
+    """A local path on an fs3 mount takes USRBIO; the same checkpoint loads via fs3://."""
+    assert cluster.mountpoint is not None
+    name = f"dcp-mnt-{uuid.uuid4().hex[:8]}"
+    local = os.path.join(cluster.mountpoint, name)
+    w = Fs3StorageWriter(local)
+    full = dcp_worker.full_state(5)
+    sd = {
+        "model": {n: full[n] for n in (*dcp_worker.SHAPES, "bias")},
+        "train": {"step": full["step"], "hist": full["hist"]},
+    }
+    try:
+        dcp.save(sd, storage_writer=w, no_dist=True)
+        assert w.store.kind == "usrbio"
+    finally:
+        w.close()
+    r = Fs3StorageReader(local)
+    try:
+        back = {
+            "model": {n: torch.zeros_like(v) for n, v in sd["model"].items()},
+            "train": {"step": 0, "hist": []},
+        }
+        dcp.load(back, storage_reader=r, no_dist=True)
+        assert r.store.kind == "usrbio"
+    finally:
+        r.close()
+    assert_holds(back, 5)
+    assert_holds(load_here(client, f"fs3:///{name}"), 5)  # no mount: the client API path

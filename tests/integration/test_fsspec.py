@@ -308,3 +308,18 @@ def test_fresh_interpreter_finds_fs3_by_entry_point(cluster: ProcessCluster, roo
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "from a child"
+
+
+def test_torch_dcp_fsspec_writer_on_fs3(so: dict[str, Any], fs: Fs3FileSystem, root: str) -> None:
+    """PyTorch's own fsspec-based DCP storage works on fs3:// unchanged."""
+    torch = pytest.importorskip("torch")
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+
+    want = {"w": torch.randn(50, 7, generator=torch.Generator().manual_seed(1)), "step": 3}
+    url = f"fs3://{root}/dcp"
+    dcp.save(want, storage_writer=FsspecWriter(url, **so), no_dist=True)
+    assert fs.exists(f"{root}/dcp/.metadata")
+    got = {"w": torch.zeros(50, 7), "step": 0}
+    dcp.load(got, storage_reader=FsspecReader(url, **so), no_dist=True)
+    assert torch.equal(got["w"], want["w"]) and got["step"] == 3
