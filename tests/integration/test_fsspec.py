@@ -292,19 +292,18 @@ def test_pandas_round_trip(so: dict[str, Any], fs: Fs3FileSystem, root: str) -> 
 
 
 def test_fresh_interpreter_finds_fs3_by_entry_point(cluster: ProcessCluster, root: str) -> None:
-    """A program that never imports fs3 reads and writes fs3:// (no mount)."""
+    """A program that never imports fs3 reads and writes fs3:// (no mount, no storage options:
+    fsspec takes the cluster file from FSSPEC_FS3_CLUSTER_FILE)."""
     code = (
         "import fsspec, sys\n"
-        "so = {'cluster_file': sys.argv[1]}\n"
-        "with fsspec.open('fs3://' + sys.argv[2] + '/child.txt', 'w', **so) as f:\n"
+        "with fsspec.open('fs3://' + sys.argv[1] + '/child.txt', 'w') as f:\n"
         "    f.write('from a child')\n"
-        "print(fsspec.open('fs3://' + sys.argv[2] + '/child.txt', 'r', **so).open().read())\n"
+        "print(fsspec.open('fs3://' + sys.argv[1] + '/child.txt', 'r').open().read())\n"
     )
+    env = dict(os.environ, FSSPEC_FS3_CLUSTER_FILE=cluster.cluster_file)
+    env.pop("FS3_CLUSTER_FILE", None)
     r = subprocess.run(
-        [sys.executable, "-c", code, cluster.cluster_file, root],
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, "-c", code, root], capture_output=True, text=True, timeout=120, env=env
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "from a child"
