@@ -11,7 +11,8 @@
     w = Fs3StorageWriter("fs3:///run1/step-100", cluster_file="/etc/fs3/cluster")
 
 Where the bytes go. Each rank writes everything DCP hands it (tensor shards,
-pickled non-tensor objects) into ONE aggregated data file with
+pickled non-tensor objects) into one aggregated data file per ``max_file_bytes``
+(default 1 GiB) with
 :func:`fs3.ckpt.datafile.write_items`: raw tensor bytes laid end to end, a
 CRC32C per item, many I/Os in flight (USRBIO when the directory is on an fs3
 mount, ``pwrite`` on other local directories, the fs3 client API for
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import os
 import pickle
 import uuid
@@ -61,6 +63,7 @@ from torch.distributed.checkpoint.planner import (
     ReadItem,
     SavePlan,
     SavePlanner,
+    WriteItem,
     WriteItemType,
 )
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
@@ -73,6 +76,7 @@ from fs3.ckpt.store import INFLIGHT, ClientStore, Store, open_store
 METADATA = ".metadata"
 DATA_SUFFIX = ".data"
 READ_BATCH_BYTES = 256 << 20  # scratch memory a load may hold for partial pieces at once
+FILE_BYTES = 1 << 30  # a rank's items go into data files of about this size
 
 __all__ = ["Fs3StorageWriter", "Fs3StorageReader", "Fs3StorageInfo"]
 
@@ -96,9 +100,29 @@ class Fs3StorageInfo:
 
 @dataclass(frozen=True)
 class _RankFile:
-    """``SavePlan.storage_data``: the data file a rank writes."""
+    """``SavePlan.storage_data``: the name prefix of the data files a rank writes."""
 
     file: str
+
+
+def _groups(items: Sequence[WriteItem], max_bytes: int) -> list[list[WriteItem]]:
+    """Plan order, cut into data files of about ``max_bytes`` (a larger item gets its own)."""
+    out: list[list[WriteItem]] = []
+    size = 0
+    for wi in items:
+        n = 0
+        if wi.type != WriteItemType.BYTE_IO and wi.tensor_data is not None:
+            n = math.prod(wi.tensor_data.size) * _element_size(wi.tensor_data.properties.dtype)
+        if not out or (size and size + n > max_bytes):
+            out.append([])
+            size = 0
+        out[-1].append(wi)
+        size += n
+    return out
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def _metadata_name(rank: int | None) -> str:
@@ -222,6 +246,8 @@ class Fs3StorageWriter(_Fs3Storage, StorageWriter, BlockingAsyncStager):
         usrbio: force (True) or refuse (False) USRBIO for a local path; None: when on a mount.
         overwrite: False raises if the directory already holds a committed checkpoint.
         inflight: I/Os in flight per data file.
+        max_file_bytes: a rank writes several data files of about this size when it has more
+            (its tensors are resolved, i.e. copied to the host if on a device, a file at a time).
         cache_staged_state_dict: for ``dcp.async_save`` (see ``BlockingAsyncStager``).
     """
 
@@ -234,6 +260,7 @@ class Fs3StorageWriter(_Fs3Storage, StorageWriter, BlockingAsyncStager):
         usrbio: bool | None = None,
         overwrite: bool = True,
         inflight: int = INFLIGHT,
+        max_file_bytes: int = FILE_BYTES,
         cache_staged_state_dict: bool = False,
     ) -> None:
         _Fs3Storage.__init__(
@@ -246,6 +273,7 @@ class Fs3StorageWriter(_Fs3Storage, StorageWriter, BlockingAsyncStager):
         )
         BlockingAsyncStager.__init__(self, cache_staged_state_dict=cache_staged_state_dict)
         self.overwrite = overwrite
+        self.max_file_bytes = max_file_bytes
         self.save_id = uuid.uuid4().hex
         self.rank: int | None = None
         self.is_coordinator = False
@@ -282,7 +310,7 @@ class Fs3StorageWriter(_Fs3Storage, StorageWriter, BlockingAsyncStager):
 
     @staticmethod
     def _file_name(save_id: str, rank: int) -> str:
-        return f"{save_id}-rank-{rank:05d}{DATA_SUFFIX}"
+        return f"{save_id}-rank-{rank:05d}"  # + "-<k>.data" per data file
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         # The coordinator's save_id names every rank's file: one id per checkpoint.
@@ -295,30 +323,34 @@ class Fs3StorageWriter(_Fs3Storage, StorageWriter, BlockingAsyncStager):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         rank_file: _RankFile = plan.storage_data
-        items: list[tuple[str, Any]] = []
-        for wi in plan.items:
-            data = planner.resolve_data(wi)
-            if wi.type == WriteItemType.BYTE_IO:
-                assert isinstance(data, io.BytesIO)
-                items.append((wi.index.fqn, data.getbuffer()))
-            else:
-                assert isinstance(data, torch.Tensor)
-                # Only the viewed elements are stored, on the host, contiguous.
-                t = data.detach().cpu().contiguous()
-                items.append((_item_name(wi.index), t))
+        results: list[WriteResult] = []
         self._phase("data")
-        entries = write_items(self.store, rank_file.file, items, inflight=self.inflight)
+        for k, group in enumerate(_groups(plan.items, self.max_file_bytes)):
+            name = f"{rank_file.file}-{k:04d}{DATA_SUFFIX}"
+            items: list[tuple[str, Any]] = []
+            for wi in group:  # resolved a file at a time: at most one file's tensors on the host
+                data = planner.resolve_data(wi)
+                if wi.type == WriteItemType.BYTE_IO:
+                    assert isinstance(data, io.BytesIO)
+                    items.append((wi.index.fqn, data.getbuffer()))
+                else:
+                    assert isinstance(data, torch.Tensor)
+                    # Only the viewed elements are stored, on the host, contiguous.
+                    t = data.detach().cpu().contiguous()
+                    items.append((_item_name(wi.index), t))
+            entries = write_items(self.store, name, items, inflight=self.inflight)
+            del items
+            results += [
+                WriteResult(
+                    index=wi.index,
+                    size_in_bytes=e.length,
+                    storage_data=Fs3StorageInfo(
+                        name, e.offset, e.length, e.crc32c, e.dtype, tuple(e.shape)
+                    ),
+                )
+                for wi, e in zip(group, entries, strict=True)
+            ]
         self._phase("data-durable")
-        results = [
-            WriteResult(
-                index=wi.index,
-                size_in_bytes=e.length,
-                storage_data=Fs3StorageInfo(
-                    rank_file.file, e.offset, e.length, e.crc32c, e.dtype, tuple(e.shape)
-                ),
-            )
-            for wi, e in zip(plan.items, entries, strict=True)
-        ]
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut

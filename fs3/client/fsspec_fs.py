@@ -386,6 +386,8 @@ class Fs3File(AbstractBufferedFile):
             target = self._tmp or path
             if mode == "ab" and self._tmp is not None:
                 raise ValueError("append is not supported in a transaction")
+            if mode == "xb" and self._tmp is not None and client.lexists(path):
+                raise FileExistsError(17, "File exists", path)  # the temp name can't tell
             self._raw = client.open(target, mode, buffering=0)
             if mode == "ab":
                 self._base = self._raw.tell()

@@ -240,6 +240,9 @@ def test_transaction_commit_and_discard(fs: Fs3FileSystem, root: str) -> None:
         raise Boom
     assert not fs.exists(f"{root}/t2")
     assert fs.ls(root, detail=False) == [f"{root}/t1"]  # no temporary files left
+    with fs.transaction:
+        with pytest.raises(FileExistsError):
+            fs.open(f"{root}/t1", "xb")  # exclusive creation holds in a transaction too
 
 
 def test_put_get_local(fs: Fs3FileSystem, root: str, tmp_path: Any) -> None:

@@ -76,11 +76,21 @@ def test_round_trip_dtypes_views_and_objects(tmp_path: Path) -> None:
     _save(want, tmp_path / "c")
     names = sorted(os.listdir(tmp_path / "c"))
     assert names[0] == ".metadata" and len(names) == 2  # one aggregated data file
-    assert names[1].endswith("-rank-00000.data")
+    assert names[1].endswith("-rank-00000-0000.data")
     sd = _zeros_like(want)
     sd["step"], sd["meta"] = 0, {"name": "", "lr": []}
     got = _load(sd, tmp_path / "c")
     _assert_same(got, want)
+
+
+def test_large_ranks_write_several_files(tmp_path: Path) -> None:
+    want = _state(5)
+    _save(want, tmp_path / "c", max_file_bytes=256)  # model.w alone is 8448 bytes
+    data = sorted(n for n in os.listdir(tmp_path / "c") if n.endswith(".data"))
+    assert len(data) > 2 and data[0].endswith("-0000.data")
+    sd = _zeros_like(want)
+    sd["step"], sd["meta"] = 0, {"name": "", "lr": []}
+    _assert_same(_load(sd, tmp_path / "c"), want)
 
 
 def test_metadata_points_into_the_data_file(tmp_path: Path) -> None:
