@@ -38,7 +38,8 @@ as with DCP's own ``FileSystemReader``; a destination covering only part of a
 stored piece reads the whole piece (to check its CRC) and copies the part.
 
 Non-collective saves (``use_collectives=False``) write ``__<rank>.metadata``
-per rank, as DCP's ``FileSystemWriter`` does.
+per rank, as DCP's ``FileSystemWriter`` does; no rank then knows which data
+files the others still need, so nothing is garbage-collected.
 """
 
 from __future__ import annotations

@@ -169,3 +169,17 @@ def test_async_save(tmp_path: Path) -> None:
     got = _load(_zeros_like(want) | {"step": 0, "meta": {}}, tmp_path / "c")
     _assert_same(got["model"], want["model"])
     assert got["step"] == 4
+
+
+def test_non_collective_save_writes_rank_metadata(tmp_path: Path) -> None:
+    want = {"w": torch.arange(10.0), "step": 2}
+    dcp.save(
+        want,
+        storage_writer=Fs3StorageWriter(tmp_path / "c"),
+        no_dist=True,
+        use_collectives=False,
+    )
+    names = os.listdir(tmp_path / "c")
+    assert "__0.metadata" in names and ".metadata" not in names
+    got = _load({"w": torch.zeros(10), "step": 0}, tmp_path / "c")  # falls back to __0.metadata
+    assert torch.equal(got["w"], want["w"]) and got["step"] == 2
