@@ -347,7 +347,7 @@ class Checkpointer:
         self._ref: memoryview | None = None  # reference snapshot for deltas (same layout)
         self._ref_step: int | None = None
         self._since_full = 0
-        # a hook for crash tests: called with a phase name before each durable step
+        # a hook for crash tests: called with (phase, step) before each durable step
         self._phase_hook: Any = None
 
     # ------------------------------------------------------------------ save
@@ -435,9 +435,9 @@ class Checkpointer:
         else:
             fut.set_result(stats)
 
-    def _phase(self, name: str) -> None:
+    def _phase(self, name: str, step: int) -> None:
         if self._phase_hook is not None:
-            self._phase_hook(name)
+            self._phase_hook(name, step)
 
     def _write(self, job: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -450,7 +450,7 @@ class Checkpointer:
         self.store.makedirs(d)
         data_rel = f"{d}/{layout.data_name(self.rank)}"
         compress = getattr(pol, "compress", False)
-        self._phase("data")
+        self._phase("data", step)
         if kind == "full" and not compress:
             entries = [
                 IndexEntry(t.name, t.dtype, list(t.shape), t.off, t.nbytes,
@@ -467,7 +467,7 @@ class Checkpointer:
             for e in entries:
                 e.file = layout.data_name(self.rank)
             size = (entries[-1].offset + entries[-1].length) if entries else 0
-        self._phase("index")
+        self._phase("index", step)
         index = {
             "format": layout.FORMAT, "step": step, "rank": self.rank, "world_size": self.world_size,
             "mode": self.mode, "kind": kind, "base": base, "data": layout.data_name(self.rank),
@@ -570,11 +570,11 @@ class Checkpointer:
             "bases": sorted({r["base"] for r in ranks if r["base"] is not None}),
             "ranks": ranks, "created": time.time(),
         })  # fmt: skip
-        self._phase("manifest")
+        self._phase("manifest", step)
         self.store.write_atomic(f"{d}/{layout.MANIFEST}", manifest)
-        self._phase("marker")
+        self._phase("marker", step)
         layout.write_marker(self.store, step, manifest)
-        self._phase("committed")
+        self._phase("committed", step)
         if self.keep_last is not None:
             layout.retain(self.store, self.keep_last)
 
@@ -875,7 +875,7 @@ def load(
     rows. A delta checkpoint is composed from its baseline and deltas.
     ``trusted=True`` allows arbitrary pickled non-tensor objects.
     """
-    store = open_store(path, client=client)
+    store = open_store(path, client=client, create=False)
     try:
         return _load(store, step, into=into, rank=rank, world_size=world_size, trusted=trusted)
     finally:
@@ -885,7 +885,7 @@ def load(
 
 def latest(path: str | Store, *, client: Any = None) -> int | None:
     """The step of the newest valid checkpoint under ``path`` (None if none)."""
-    store = open_store(path, client=client)
+    store = open_store(path, client=client, create=False)
     try:
         return layout.latest(store)
     finally:

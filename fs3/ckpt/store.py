@@ -147,9 +147,19 @@ def _fs3_mount_of(path: str) -> str | None:
 class PosixStore(Store):
     """A local directory; USRBIO for bulk I/O when it is on an fs3 mount (``usrbio=None``: auto)."""
 
-    def __init__(self, root: str, *, usrbio: bool | None = None, staging_bytes: int = 64 << 20):
+    def __init__(
+        self,
+        root: str,
+        *,
+        usrbio: bool | None = None,
+        staging_bytes: int = 64 << 20,
+        create: bool = True,
+    ):
         self.root = os.path.abspath(root)
-        os.makedirs(self.root, exist_ok=True)
+        if create:
+            os.makedirs(self.root, exist_ok=True)
+        elif not os.path.isdir(self.root):
+            raise FileNotFoundError(errno.ENOENT, "no such checkpoint directory", root)
         mount = _fs3_mount_of(self.root) if usrbio is not False else None
         if usrbio and mount is None:
             raise OSError(errno.ENODEV, f"{root} is not on an fs3 mount with a USRBIO agent")
@@ -356,10 +366,13 @@ class ClientStore(Store):
 
     kind = "client"
 
-    def __init__(self, client: Any, root: str) -> None:
+    def __init__(self, client: Any, root: str, *, create: bool = True) -> None:
         self.client = client
         self.root = "/" + root.strip("/")
-        client.makedirs(self.root, exist_ok=True)
+        if create:
+            client.makedirs(self.root, exist_ok=True)
+        elif not client.isdir(self.root):
+            raise FileNotFoundError(errno.ENOENT, "no such checkpoint directory", root)
 
     def _p(self, rel: str) -> str:
         return f"{self.root.rstrip('/')}/{rel}" if rel else self.root
@@ -441,10 +454,15 @@ class ClientStore(Store):
         self.client.rmdir(path)
 
 
-def open_store(path: str | Store, *, client: Any = None, usrbio: bool | None = None) -> Store:
-    """A store for ``path``: itself if already a Store, the client API if ``client``, else POSIX."""
+def open_store(
+    path: str | Store, *, client: Any = None, usrbio: bool | None = None, create: bool = True
+) -> Store:
+    """A store for ``path``: itself if already a Store, the client API if ``client``, else POSIX.
+
+    ``create=False``: the directory must exist (FileNotFoundError otherwise).
+    """
     if isinstance(path, Store):
         return path
     if client is not None:
-        return ClientStore(client, path)
-    return PosixStore(path, usrbio=usrbio)
+        return ClientStore(client, path, create=create)
+    return PosixStore(path, usrbio=usrbio, create=create)
