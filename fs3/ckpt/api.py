@@ -680,15 +680,13 @@ def _load(
     world_size: int,
     trusted: bool,
 ) -> Any:
-    infos = {i.step: i for i in layout.list_checkpoints(store)}
     if step is None:
-        valid = [s for s, i in infos.items() if i.valid]
-        if not valid:
+        step = layout.latest(store)
+        if step is None:
             raise FileNotFoundError(2, f"no valid checkpoint under {store.root}")
-        step = max(valid)
-    info = infos.get(step)
-    if info is None:
+    if step not in layout.steps(store):
         raise FileNotFoundError(2, f"no checkpoint at step {step} under {store.root}")
+    info = layout.check(store, step)
     if not info.valid:
         raise CorruptCheckpoint(5, f"checkpoint step {step} is not valid: {info.reason}")
     man = layout.read_manifest(store, step)
@@ -708,6 +706,10 @@ def _load(
     meta: dict[str, dict[str, Any]] = {}
     for r in read_ranks:
         meta.update(chains[r][-1]["tensors"])
+    if into is None and len(read_ranks) == 1 and len(chains[read_ranks[0]]) == 1:
+        fast = _load_whole_file(store, chains[read_ranks[0]][0], meta)
+        if fast is not None:
+            return _unflatten(skel, fast)
     # destination of each tensor: byte range [lo, hi) of the global tensor
     _, into_items = _flatten(into) if into is not None else (None, [])
     into_by = dict(into_items)
@@ -740,6 +742,48 @@ def _load(
         for idx in chains[r]:
             _apply(store, idx, dests)
     return _unflatten(skel, {n: o for n, (o, _, _) in dests.items()})
+
+
+def _load_whole_file(
+    store: Store, idx: dict[str, Any], meta: dict[str, dict[str, Any]]
+) -> dict[str, Any] | None:
+    """A full checkpoint of one rank read as one sequential transfer into one buffer.
+
+    The tensors are views of that buffer at their file offsets, so the read
+    needs no per-tensor I/Os and no copies. None if the level is not a plain
+    full checkpoint (then the general path runs).
+    """
+    pieces = [IndexEntry.from_json(j) for j in idx["pieces"]]
+    by: dict[str, IndexEntry] = {}
+    for e in pieces:
+        m = meta.get(e.name)
+        if m is None or e.enc != "raw" or e.toff != 0 or e.name in by:
+            return None
+        want = buffers.element_size(m["dtype"]) * int(np.prod(m["shape"], dtype=np.int64))
+        if e.length != want:
+            return None
+        by[e.name] = e
+    if not {n for n, m in meta.items() if _nonempty(m)} <= set(by):
+        return None
+    size = int(idx["data_bytes"])
+    big = memoryview(cast(Any, np.empty(max(size, 1), dtype=np.uint8))).cast("B")[:size]
+    rel = f"{layout.step_dir(idx['step'])}/{idx['data']}"
+    store.read_segments(rel, [Segment(0, big)] if size else [])
+    out = {}
+    for name, m in meta.items():
+        ent = by.get(name)
+        if ent is None or not ent.length:  # an empty tensor has no bytes
+            out[name] = buffers.make_empty(m["dtype"], tuple(m["shape"]), m["fw"])
+            continue
+        view = big[ent.offset : ent.offset + ent.length]
+        if crc32c(view) != ent.crc32c:
+            raise CorruptCheckpoint(5, f"CRC32C mismatch in {rel} for {name!r}")
+        out[name] = buffers.from_bytes(view, m["dtype"], tuple(m["shape"]), m["fw"])
+    return out
+
+
+def _nonempty(m: dict[str, Any]) -> bool:
+    return int(np.prod(m["shape"], dtype=np.int64)) > 0
 
 
 def _apply(

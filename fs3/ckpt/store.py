@@ -36,8 +36,8 @@ from typing import Any, cast
 
 import numpy as np
 
-IO_BYTES = 4 << 20  # one I/O: large enough to amortise per-I/O cost, small enough to overlap
-INFLIGHT = 16  # I/Os in flight per bulk call
+IO_BYTES = 1 << 20  # one I/O = the default chunk size: each I/O touches one chain
+INFLIGHT = 32  # I/Os in flight per bulk call
 
 
 @dataclass
