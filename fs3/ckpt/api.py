@@ -380,6 +380,8 @@ class Checkpointer:
         key = tuple((t.name, t.dtype, t.shape, t.local_shape, t.toff) for t in tensors)
         total = (tensors[-1].off + tensors[-1].nbytes) if tensors else 0
         if key != self._layout_key or self._snap is None:
+            for old in (self._snap, self._ref):
+                self.store.free(old)
             self._snap = _host_buffer(self.store, total)
             self._ref, self._ref_step, self._layout_key = None, None, key
         pol = self.policy

@@ -73,6 +73,9 @@ class Store:
         """A reusable host buffer of ``nbytes`` (zero-copy for this store's bulk I/O if it can be)."""
         return memoryview(cast(Any, np.empty(max(nbytes, 1), dtype=np.uint8))).cast("B")[:nbytes]
 
+    def free(self, buf: memoryview | None) -> None:
+        """Give back a buffer from :meth:`alloc` (plain memory is left to the garbage collector)."""
+
     def write_segments(
         self, rel: str, segs: Sequence[Segment], *, size: int, inflight: int = INFLIGHT
     ) -> None:
@@ -187,6 +190,18 @@ class PosixStore(Store):
         iov = Iov(self.mount, nbytes)
         self._iovs.append(iov)
         return iov.buf
+
+    def free(self, buf: memoryview | None) -> None:
+        if buf is None or not len(buf):
+            return
+        hit = self._iov_of(buf)
+        if hit is not None:
+            self._iovs.remove(hit[0])
+            try:
+                buf.release()
+            except BufferError:
+                pass  # still viewed somewhere: the mapping stays until those views go
+            hit[0].close()
 
     def _iov_of(self, mv: memoryview) -> tuple[Any, int] | None:
         a = _addr(mv)
