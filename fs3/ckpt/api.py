@@ -48,7 +48,7 @@ import pickle
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -493,7 +493,9 @@ class Checkpointer:
                     self._ref, self._snap = snap, self._ref
                     self._ref_step = step
             if self._snap is None:
+                # the next snapshot's buffer: touch its pages here, not in the caller's stall
                 self._snap = _host_buffer(self.store, job["total"])
+                np.frombuffer(self._snap, dtype=np.uint8).fill(0)
         return {"step": step, "kind": kind, "bytes": size, "seconds": time.perf_counter() - t0}
 
     def _pieces(
@@ -768,9 +770,12 @@ def _load_whole_file(
     if not {n for n, m in meta.items() if _nonempty(m)} <= set(by):
         return None
     size = int(idx["data_bytes"])
-    big = memoryview(cast(Any, np.empty(max(size, 1), dtype=np.uint8))).cast("B")[:size]
     rel = f"{layout.step_dir(idx['step'])}/{idx['data']}"
-    store.read_segments(rel, [Segment(0, big)] if size else [])
+    big, done = store.alloc_detached(size)
+    try:
+        _read_checked(store, rel, big, sorted(by.values(), key=lambda e: e.offset))
+    finally:
+        done()
     out = {}
     for name, m in meta.items():
         ent = by.get(name)
@@ -778,10 +783,37 @@ def _load_whole_file(
             out[name] = buffers.make_empty(m["dtype"], tuple(m["shape"]), m["fw"])
             continue
         view = big[ent.offset : ent.offset + ent.length]
-        if crc32c(view) != ent.crc32c:
-            raise CorruptCheckpoint(5, f"CRC32C mismatch in {rel} for {name!r}")
         out[name] = buffers.from_bytes(view, m["dtype"], tuple(m["shape"]), m["fw"])
     return out
+
+
+_GROUP = 128 << 20  # bytes read per call while the previous group's CRCs are checked
+
+
+def _read_checked(store: Store, rel: str, big: memoryview, entries: list[IndexEntry]) -> None:
+    """Read ``big`` (the file image) group by group; CRC-check each group while the next one reads."""
+    groups: list[list[IndexEntry]] = [[]]
+    for e in entries:
+        if groups[-1] and e.offset + e.length - groups[-1][0].offset > _GROUP:
+            groups.append([])
+        groups[-1].append(e)
+
+    def check(group: list[IndexEntry]) -> None:
+        for e in group:
+            if crc32c(big[e.offset : e.offset + e.length]) != e.crc32c:
+                raise CorruptCheckpoint(5, f"CRC32C mismatch in {rel} for {e.name!r}")
+
+    with ThreadPoolExecutor(1, thread_name_prefix="fs3-ckpt-crc") as pool:
+        futs = []
+        for g in groups:
+            if not g:
+                continue
+            a, b = g[0].offset, g[-1].offset + g[-1].length
+            if b > a:
+                store.read_segments(rel, [Segment(a, big[a:b])])
+            futs.append(pool.submit(check, g))
+        for f in futs:
+            f.result()
 
 
 def _nonempty(m: dict[str, Any]) -> bool:

@@ -121,6 +121,7 @@ def test_mount_uses_usrbio(fuse_cluster: ProcessCluster, client: Any) -> None:
     assert c.store.kind == "usrbio"
     sd = _state(2)
     c.save(sd, step=1).wait()
+    _same(sd, c.load())  # one transfer into registered shared memory, no copy
     into = _empty_like(sd)
     out = c.load(into=into)
     _same(sd, out)
