@@ -19,4 +19,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install -q -e '.[dev]'
+# The ckpt extra (torch, numpy: fs3.ckpt and its tests) only when missing: re-runs stay fast.
+extras=dev
+.venv/bin/python -c 'import torch, numpy' >/dev/null 2>&1 || extras=dev,ckpt
+.venv/bin/python -m pip install -q -e ".[$extras]"
