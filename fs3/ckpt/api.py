@@ -48,7 +48,7 @@ import pickle
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -347,7 +347,7 @@ class Checkpointer:
         self._ref: memoryview | None = None  # reference snapshot for deltas (same layout)
         self._ref_step: int | None = None
         self._since_full = 0
-        # a hook for crash tests: called with a phase name before each durable step
+        # a hook for crash tests: called with (phase, step) before each durable step
         self._phase_hook: Any = None
 
     # ------------------------------------------------------------------ save
@@ -380,6 +380,8 @@ class Checkpointer:
         key = tuple((t.name, t.dtype, t.shape, t.local_shape, t.toff) for t in tensors)
         total = (tensors[-1].off + tensors[-1].nbytes) if tensors else 0
         if key != self._layout_key or self._snap is None:
+            for old in (self._snap, self._ref):
+                self.store.free(old)
             self._snap = _host_buffer(self.store, total)
             self._ref, self._ref_step, self._layout_key = None, None, key
         pol = self.policy
@@ -435,9 +437,9 @@ class Checkpointer:
         else:
             fut.set_result(stats)
 
-    def _phase(self, name: str) -> None:
+    def _phase(self, name: str, step: int) -> None:
         if self._phase_hook is not None:
-            self._phase_hook(name)
+            self._phase_hook(name, step)
 
     def _write(self, job: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -450,7 +452,7 @@ class Checkpointer:
         self.store.makedirs(d)
         data_rel = f"{d}/{layout.data_name(self.rank)}"
         compress = getattr(pol, "compress", False)
-        self._phase("data")
+        self._phase("data", step)
         if kind == "full" and not compress:
             entries = [
                 IndexEntry(t.name, t.dtype, list(t.shape), t.off, t.nbytes,
@@ -467,7 +469,7 @@ class Checkpointer:
             for e in entries:
                 e.file = layout.data_name(self.rank)
             size = (entries[-1].offset + entries[-1].length) if entries else 0
-        self._phase("index")
+        self._phase("index", step)
         index = {
             "format": layout.FORMAT, "step": step, "rank": self.rank, "world_size": self.world_size,
             "mode": self.mode, "kind": kind, "base": base, "data": layout.data_name(self.rank),
@@ -491,7 +493,9 @@ class Checkpointer:
                     self._ref, self._snap = snap, self._ref
                     self._ref_step = step
             if self._snap is None:
+                # the next snapshot's buffer: touch its pages here, not in the caller's stall
                 self._snap = _host_buffer(self.store, job["total"])
+                np.frombuffer(self._snap, dtype=np.uint8).fill(0)
         return {"step": step, "kind": kind, "bytes": size, "seconds": time.perf_counter() - t0}
 
     def _pieces(
@@ -570,11 +574,11 @@ class Checkpointer:
             "bases": sorted({r["base"] for r in ranks if r["base"] is not None}),
             "ranks": ranks, "created": time.time(),
         })  # fmt: skip
-        self._phase("manifest")
+        self._phase("manifest", step)
         self.store.write_atomic(f"{d}/{layout.MANIFEST}", manifest)
-        self._phase("marker")
+        self._phase("marker", step)
         layout.write_marker(self.store, step, manifest)
-        self._phase("committed")
+        self._phase("committed", step)
         if self.keep_last is not None:
             layout.retain(self.store, self.keep_last)
 
@@ -680,15 +684,13 @@ def _load(
     world_size: int,
     trusted: bool,
 ) -> Any:
-    infos = {i.step: i for i in layout.list_checkpoints(store)}
     if step is None:
-        valid = [s for s, i in infos.items() if i.valid]
-        if not valid:
+        step = layout.latest(store)
+        if step is None:
             raise FileNotFoundError(2, f"no valid checkpoint under {store.root}")
-        step = max(valid)
-    info = infos.get(step)
-    if info is None:
+    if step not in layout.steps(store):
         raise FileNotFoundError(2, f"no checkpoint at step {step} under {store.root}")
+    info = layout.check(store, step)
     if not info.valid:
         raise CorruptCheckpoint(5, f"checkpoint step {step} is not valid: {info.reason}")
     man = layout.read_manifest(store, step)
@@ -708,6 +710,10 @@ def _load(
     meta: dict[str, dict[str, Any]] = {}
     for r in read_ranks:
         meta.update(chains[r][-1]["tensors"])
+    if into is None and len(read_ranks) == 1 and len(chains[read_ranks[0]]) == 1:
+        fast = _load_whole_file(store, chains[read_ranks[0]][0], meta)
+        if fast is not None:
+            return _unflatten(skel, fast)
     # destination of each tensor: byte range [lo, hi) of the global tensor
     _, into_items = _flatten(into) if into is not None else (None, [])
     into_by = dict(into_items)
@@ -740,6 +746,78 @@ def _load(
         for idx in chains[r]:
             _apply(store, idx, dests)
     return _unflatten(skel, {n: o for n, (o, _, _) in dests.items()})
+
+
+def _load_whole_file(
+    store: Store, idx: dict[str, Any], meta: dict[str, dict[str, Any]]
+) -> dict[str, Any] | None:
+    """A full checkpoint of one rank read as one sequential transfer into one buffer.
+
+    The tensors are views of that buffer at their file offsets, so the read
+    needs no per-tensor I/Os and no copies. None if the level is not a plain
+    full checkpoint (then the general path runs).
+    """
+    pieces = [IndexEntry.from_json(j) for j in idx["pieces"]]
+    by: dict[str, IndexEntry] = {}
+    for e in pieces:
+        m = meta.get(e.name)
+        if m is None or e.enc != "raw" or e.toff != 0 or e.name in by:
+            return None
+        want = buffers.element_size(m["dtype"]) * int(np.prod(m["shape"], dtype=np.int64))
+        if e.length != want:
+            return None
+        by[e.name] = e
+    if not {n for n, m in meta.items() if _nonempty(m)} <= set(by):
+        return None
+    size = int(idx["data_bytes"])
+    rel = f"{layout.step_dir(idx['step'])}/{idx['data']}"
+    big, done = store.alloc_detached(size)
+    try:
+        _read_checked(store, rel, big, sorted(by.values(), key=lambda e: e.offset))
+    finally:
+        done()
+    out = {}
+    for name, m in meta.items():
+        ent = by.get(name)
+        if ent is None or not ent.length:  # an empty tensor has no bytes
+            out[name] = buffers.make_empty(m["dtype"], tuple(m["shape"]), m["fw"])
+            continue
+        view = big[ent.offset : ent.offset + ent.length]
+        out[name] = buffers.from_bytes(view, m["dtype"], tuple(m["shape"]), m["fw"])
+    return out
+
+
+_GROUP = 128 << 20  # bytes read per call while the previous group's CRCs are checked
+
+
+def _read_checked(store: Store, rel: str, big: memoryview, entries: list[IndexEntry]) -> None:
+    """Read ``big`` (the file image) group by group; CRC-check each group while the next one reads."""
+    groups: list[list[IndexEntry]] = [[]]
+    for e in entries:
+        if groups[-1] and e.offset + e.length - groups[-1][0].offset > _GROUP:
+            groups.append([])
+        groups[-1].append(e)
+
+    def check(group: list[IndexEntry]) -> None:
+        for e in group:
+            if crc32c(big[e.offset : e.offset + e.length]) != e.crc32c:
+                raise CorruptCheckpoint(5, f"CRC32C mismatch in {rel} for {e.name!r}")
+
+    with ThreadPoolExecutor(1, thread_name_prefix="fs3-ckpt-crc") as pool:
+        futs = []
+        for g in groups:
+            if not g:
+                continue
+            a, b = g[0].offset, g[-1].offset + g[-1].length
+            if b > a:
+                store.read_segments(rel, [Segment(a, big[a:b])])
+            futs.append(pool.submit(check, g))
+        for f in futs:
+            f.result()
+
+
+def _nonempty(m: dict[str, Any]) -> bool:
+    return int(np.prod(m["shape"], dtype=np.int64)) > 0
 
 
 def _apply(
@@ -875,7 +953,7 @@ def load(
     rows. A delta checkpoint is composed from its baseline and deltas.
     ``trusted=True`` allows arbitrary pickled non-tensor objects.
     """
-    store = open_store(path, client=client)
+    store = open_store(path, client=client, create=False)
     try:
         return _load(store, step, into=into, rank=rank, world_size=world_size, trusted=trusted)
     finally:
@@ -885,7 +963,7 @@ def load(
 
 def latest(path: str | Store, *, client: Any = None) -> int | None:
     """The step of the newest valid checkpoint under ``path`` (None if none)."""
-    store = open_store(path, client=client)
+    store = open_store(path, client=client, create=False)
     try:
         return layout.latest(store)
     finally:

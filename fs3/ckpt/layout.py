@@ -160,10 +160,33 @@ def list_checkpoints(store: Store) -> list[CkptInfo]:
     return list(infos.values())
 
 
+def check(store: Store, step: int) -> CkptInfo:
+    """Validity of ``step`` including the checkpoints it is a delta of (reads only that chain)."""
+    info = _check_own(store, step)
+    seen = {step}
+    todo = list(info.bases) if info.valid else []
+    while todo:
+        b = todo.pop()
+        if b in seen:
+            continue
+        if b >= step:
+            info.valid, info.reason = False, f"bad base chain at step {b}"
+            break
+        seen.add(b)
+        bi = _check_own(store, b)
+        if not bi.valid:
+            info.valid, info.reason = False, f"base step {b} is invalid"
+            break
+        todo.extend(bi.bases)
+    return info
+
+
 def latest(store: Store) -> int | None:
-    """The newest valid checkpoint's step (None if there is none)."""
-    valid = [i.step for i in list_checkpoints(store) if i.valid]
-    return valid[-1] if valid else None
+    """The newest valid checkpoint's step (None if there is none); checks newest first."""
+    for s in reversed(steps(store)):
+        if check(store, s).valid:
+            return s
+    return None
 
 
 def write_marker(store: Store, step: int, manifest: bytes) -> None:

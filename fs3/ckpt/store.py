@@ -29,15 +29,15 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 
-IO_BYTES = 4 << 20  # one I/O: large enough to amortise per-I/O cost, small enough to overlap
-INFLIGHT = 16  # I/Os in flight per bulk call
+IO_BYTES = 1 << 20  # one I/O = the default chunk size: each I/O touches one chain
+INFLIGHT = 32  # I/Os in flight per bulk call
 
 
 @dataclass
@@ -72,6 +72,17 @@ class Store:
     def alloc(self, nbytes: int) -> memoryview:
         """A reusable host buffer of ``nbytes`` (zero-copy for this store's bulk I/O if it can be)."""
         return memoryview(cast(Any, np.empty(max(nbytes, 1), dtype=np.uint8))).cast("B")[:nbytes]
+
+    def free(self, buf: memoryview | None) -> None:
+        """Give back a buffer from :meth:`alloc` (plain memory is left to the garbage collector)."""
+
+    def alloc_detached(self, nbytes: int) -> tuple[memoryview, Callable[[], None]]:
+        """A buffer to read into that outlives the store: ``(buf, done)``.
+
+        Call ``done()`` once the I/O into it is over; the memory then lives as
+        long as views of it do (so loaded tensors can be views of it).
+        """
+        return Store.alloc(self, nbytes), lambda: None
 
     def write_segments(
         self, rel: str, segs: Sequence[Segment], *, size: int, inflight: int = INFLIGHT
@@ -147,9 +158,19 @@ def _fs3_mount_of(path: str) -> str | None:
 class PosixStore(Store):
     """A local directory; USRBIO for bulk I/O when it is on an fs3 mount (``usrbio=None``: auto)."""
 
-    def __init__(self, root: str, *, usrbio: bool | None = None, staging_bytes: int = 64 << 20):
+    def __init__(
+        self,
+        root: str,
+        *,
+        usrbio: bool | None = None,
+        staging_bytes: int = 64 << 20,
+        create: bool = True,
+    ):
         self.root = os.path.abspath(root)
-        os.makedirs(self.root, exist_ok=True)
+        if create:
+            os.makedirs(self.root, exist_ok=True)
+        elif not os.path.isdir(self.root):
+            raise FileNotFoundError(errno.ENOENT, "no such checkpoint directory", root)
         mount = _fs3_mount_of(self.root) if usrbio is not False else None
         if usrbio and mount is None:
             raise OSError(errno.ENODEV, f"{root} is not on an fs3 mount with a USRBIO agent")
@@ -177,6 +198,39 @@ class PosixStore(Store):
         iov = Iov(self.mount, nbytes)
         self._iovs.append(iov)
         return iov.buf
+
+    def alloc_detached(self, nbytes: int) -> tuple[memoryview, Callable[[], None]]:
+        """On USRBIO: registered shared memory, so reads land with no copy.
+
+        ``done()`` deregisters it; the mapping stays while views exist
+        (:meth:`fs3.transport.region.ShmRegion.close` refuses to unmap exported
+        memory) and goes with the last of them.
+        """
+        if self.mount is None or nbytes == 0:
+            return super().alloc_detached(nbytes)
+        from fs3.usrbio import Iov
+
+        iov = Iov(self.mount, nbytes)
+        self._iovs.append(iov)
+
+        def done() -> None:
+            if iov in self._iovs:
+                self._iovs.remove(iov)
+            iov.close()
+
+        return iov.buf[:nbytes], done
+
+    def free(self, buf: memoryview | None) -> None:
+        if buf is None or not len(buf):
+            return
+        hit = self._iov_of(buf)
+        if hit is not None:
+            self._iovs.remove(hit[0])
+            try:
+                buf.release()
+            except BufferError:
+                pass  # still viewed somewhere: the mapping stays until those views go
+            hit[0].close()
 
     def _iov_of(self, mv: memoryview) -> tuple[Any, int] | None:
         a = _addr(mv)
@@ -356,10 +410,13 @@ class ClientStore(Store):
 
     kind = "client"
 
-    def __init__(self, client: Any, root: str) -> None:
+    def __init__(self, client: Any, root: str, *, create: bool = True) -> None:
         self.client = client
         self.root = "/" + root.strip("/")
-        client.makedirs(self.root, exist_ok=True)
+        if create:
+            client.makedirs(self.root, exist_ok=True)
+        elif not client.isdir(self.root):
+            raise FileNotFoundError(errno.ENOENT, "no such checkpoint directory", root)
 
     def _p(self, rel: str) -> str:
         return f"{self.root.rstrip('/')}/{rel}" if rel else self.root
@@ -441,10 +498,15 @@ class ClientStore(Store):
         self.client.rmdir(path)
 
 
-def open_store(path: str | Store, *, client: Any = None, usrbio: bool | None = None) -> Store:
-    """A store for ``path``: itself if already a Store, the client API if ``client``, else POSIX."""
+def open_store(
+    path: str | Store, *, client: Any = None, usrbio: bool | None = None, create: bool = True
+) -> Store:
+    """A store for ``path``: itself if already a Store, the client API if ``client``, else POSIX.
+
+    ``create=False``: the directory must exist (FileNotFoundError otherwise).
+    """
     if isinstance(path, Store):
         return path
     if client is not None:
-        return ClientStore(client, path)
-    return PosixStore(path, usrbio=usrbio)
+        return ClientStore(client, path, create=create)
+    return PosixStore(path, usrbio=usrbio, create=create)
