@@ -133,6 +133,8 @@ def _metadata_name(rank: int | None) -> str:
 class _Fs3Storage:
     """Resolves a checkpoint id to a :class:`~fs3.ckpt.store.Store` (shared by writer and reader).
 
+    ``creates``: the writer makes the directory; a load creates nothing.
+
     ``path``: a local directory (USRBIO automatically on an fs3 mount) or
     ``fs3:///dir`` (client API: ``client=``, else a connection from
     ``cluster_file=`` / ``$FS3_CLUSTER_FILE``, closed by :meth:`close`).
@@ -155,6 +157,8 @@ class _Fs3Storage:
         self.inflight = inflight
         self._store: Store | None = None
 
+    creates = False
+
     def _set_path(self, checkpoint_id: str | os.PathLike[str] | None) -> None:
         if checkpoint_id is not None and os.fspath(checkpoint_id) != self.path:
             self._close_store()
@@ -173,18 +177,15 @@ class _Fs3Storage:
             self._own_client = fs3.connect(self._cluster_file)
         return self._own_client
 
-    def _isdir(self) -> bool:
-        if self._on_fs3():
-            return bool(self._fs3_client().isdir(_fs3_path(self.path)))
-        return os.path.isdir(self.path)
-
     @property
     def store(self) -> Store:
+        """The checkpoint directory's store; a reader's must exist (FileNotFoundError)."""
         if self._store is None:
+            c = self.creates
             if self._on_fs3():
-                self._store = ClientStore(self._fs3_client(), _fs3_path(self.path))
+                self._store = ClientStore(self._fs3_client(), _fs3_path(self.path), create=c)
             else:
-                self._store = open_store(self.path, usrbio=self._usrbio)
+                self._store = open_store(self.path, usrbio=self._usrbio, create=c)
         return self._store
 
     def _close_store(self) -> None:
@@ -279,6 +280,8 @@ class Fs3StorageWriter(_Fs3Storage, StorageWriter, BlockingAsyncStager):
         self.rank: int | None = None
         self.is_coordinator = False
         self.use_collectives = True
+
+    creates = True
 
     def _phase(self, name: str) -> None:
         """A named point of a save (fault tests kill the process at each)."""
@@ -424,9 +427,10 @@ class Fs3StorageReader(_Fs3Storage, StorageReader):
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         name = _metadata_name(kwargs.get("rank"))
-        if self._store is None and not self._isdir():  # opening a store would create it
-            raise FileNotFoundError(f"no checkpoint directory {self.checkpoint_id}")
-        store = self.store
+        try:
+            store = self.store
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no checkpoint directory {self.checkpoint_id}") from None
         if not store.exists(name):
             raise FileNotFoundError(f"no committed DCP checkpoint at {self.checkpoint_id} ({name})")
         md = pickle.loads(store.read_bytes(name))
