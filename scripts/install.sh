@@ -4,7 +4,7 @@
 #
 # Quiet and quick when nothing changed: pip runs only when .venv is missing or
 # broken, or when pyproject.toml, this script or the venv's Python changed
-# (a hash of them is kept in .venv/.fs3-install-stamp). pip's output goes to
+# (a hash of them is kept in .venv/.fs3-install-stamp-EXTRAS). pip's output goes to
 # .venv/install.log and is shown only if the install fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,8 +30,11 @@ if ! .venv/bin/python -c '' 2>/dev/null; then
   rm -rf .venv
   "$PY" -m venv .venv
 fi
-STAMP=.venv/.fs3-install-stamp
-want=$({ cat pyproject.toml scripts/install.sh; .venv/bin/python -VV; pwd -P; } | sha256sum | cut -d' ' -f1)
+# FS3_EXTRAS names the optional extras: scripts/test.sh adds ckpt (torch, numpy) for the
+# checkpoint tests; a plain install (scripts/up.sh) does without them.
+EXTRAS=${FS3_EXTRAS:-dev}
+STAMP=".venv/.fs3-install-stamp-$EXTRAS"
+want=$({ cat pyproject.toml scripts/install.sh; echo "$EXTRAS"; .venv/bin/python -VV; pwd -P; } | sha256sum | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
 fi
@@ -41,7 +44,7 @@ rm -f "$STAMP"
 # [tool.setuptools] package-dir in pyproject.toml), so `import fs3` finds this
 # package from any working directory, even next to another folder named fs3.
 if ! { .venv/bin/python -m pip install -q --upgrade pip &&
-  .venv/bin/python -m pip install -q -e '.[dev]'; } >.venv/install.log 2>&1; then
+  .venv/bin/python -m pip install -q -e ".[$EXTRAS]"; } >.venv/install.log 2>&1; then
   tail -n 40 .venv/install.log >&2
   echo "fs3: install failed (full output: .venv/install.log)" >&2
   exit 1

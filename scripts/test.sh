@@ -3,7 +3,7 @@
 # Extra arguments go to pytest, e.g. scripts/test.sh -m "not fault".
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh || { echo "install failed" >&2; exit 1; }
+FS3_EXTRAS=dev,ckpt bash scripts/install.sh || { echo "install failed" >&2; exit 1; }
 .venv/bin/python -m pytest -p no:cacheprovider tests "$@"
 rc=$?
 # pytest exits 5 when nothing was collected: that is a failure for CI.

@@ -9,6 +9,7 @@ never loads the storage engine.
     fs3 mount --cluster FILE MOUNTPOINT           the FUSE client agent
     fs3 admin ...                                 cluster administration
     fs3 bench PATH                                built-in benchmark
+    fs3 ckpt ls|verify|rm|interval ...            training checkpoints (fs3.ckpt)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "mount": ("fs3.fuse.main", "mount fs3 with FUSE"),
     "admin": ("fs3.cli.admin", "administer a cluster (nodes, targets, chains)"),
     "bench": ("fs3.cli.bench", "benchmark a mounted fs3 directory"),
+    "ckpt": ("fs3.cli.ckpt", "list, verify and remove checkpoints; advise the interval"),
 }
 
 

@@ -1,0 +1,512 @@
+"""Where checkpoint files live: a directory on a local path, or an fs3 path through the client API.
+
+Two stores implement one small interface (:class:`Store`): metadata calls
+(``makedirs``, ``listdir``, ``write_atomic`` ...) and the two bulk calls the data
+path needs, :meth:`Store.write_segments` and :meth:`Store.read_segments`, which
+move many ``(file_offset, buffer)`` pieces with many I/Os in flight.
+
+* :class:`PosixStore` — any local directory. When the directory is on an fs3
+  FUSE mount whose USRBIO agent answers, bulk I/O goes through USRBIO rings
+  (docs: ``fs3/usrbio/api.py``): a buffer obtained from :meth:`Store.alloc` is
+  shared memory registered with the agent, so data moves with no copy;
+  other buffers are staged through a registered buffer. Otherwise it uses
+  ``os.pwrite``/``os.preadv`` from a thread pool (they release the GIL).
+* :class:`ClientStore` — an fs3 path through :class:`fs3.client.file_api.Client`
+  (no mount needed): the asyncio core's ``write``/``readinto`` run concurrently
+  on the client's bridge loop.
+
+Durability: ``write_segments`` returns only after the file is fsync'd;
+``write_atomic`` writes a temporary file, fsyncs it, renames it over the name
+and (POSIX) fsyncs the directory, so a reader sees the old content or the new,
+never a torn one. That is what the success marker relies on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import shutil
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+
+IO_BYTES = 1 << 20  # one I/O = the default chunk size: each I/O touches one chain
+INFLIGHT = 32  # I/Os in flight per bulk call
+
+
+@dataclass
+class Segment:
+    """One piece of a bulk transfer: ``len(buf)`` bytes at ``offset`` of the file."""
+
+    offset: int
+    buf: memoryview  # a 1-D unsigned-byte view; written from, or read into
+
+
+def split_segments(segs: Sequence[Segment], io_bytes: int = IO_BYTES) -> list[Segment]:
+    """Cut segments into I/Os of at most ``io_bytes`` (so many can be in flight)."""
+    out: list[Segment] = []
+    for s in segs:
+        n = len(s.buf)
+        for a in range(0, n, io_bytes):
+            out.append(Segment(s.offset + a, s.buf[a : min(n, a + io_bytes)]))
+    return out
+
+
+def _addr(mv: memoryview) -> int:
+    return int(np.frombuffer(mv, dtype=np.uint8).ctypes.data) if len(mv) else 0
+
+
+class Store:
+    """The file operations a checkpoint needs, on paths relative to ``root``."""
+
+    root: str
+    kind: str  # "usrbio", "posix" or "client": which data path bulk I/O takes
+
+    # -- bulk data
+    def alloc(self, nbytes: int) -> memoryview:
+        """A reusable host buffer of ``nbytes`` (zero-copy for this store's bulk I/O if it can be)."""
+        return memoryview(cast(Any, np.empty(max(nbytes, 1), dtype=np.uint8))).cast("B")[:nbytes]
+
+    def free(self, buf: memoryview | None) -> None:
+        """Give back a buffer from :meth:`alloc` (plain memory is left to the garbage collector)."""
+
+    def alloc_detached(self, nbytes: int) -> tuple[memoryview, Callable[[], None]]:
+        """A buffer to read into that outlives the store: ``(buf, done)``.
+
+        Call ``done()`` once the I/O into it is over; the memory then lives as
+        long as views of it do (so loaded tensors can be views of it).
+        """
+        return Store.alloc(self, nbytes), lambda: None
+
+    def write_segments(
+        self, rel: str, segs: Sequence[Segment], *, size: int, inflight: int = INFLIGHT
+    ) -> None:
+        """Create ``rel`` (replacing it) of ``size`` bytes from ``segs``, then fsync it."""
+        raise NotImplementedError
+
+    def read_segments(self, rel: str, segs: Sequence[Segment], *, inflight: int = INFLIGHT) -> None:
+        """Fill every segment's buffer from ``rel``; a short read raises EIO."""
+        raise NotImplementedError
+
+    # -- metadata
+    def makedirs(self, rel: str) -> None:
+        raise NotImplementedError
+
+    def listdir(self, rel: str) -> list[str]:
+        raise NotImplementedError
+
+    def exists(self, rel: str) -> bool:
+        raise NotImplementedError
+
+    def size(self, rel: str) -> int:
+        raise NotImplementedError
+
+    def read_bytes(self, rel: str) -> bytes:
+        raise NotImplementedError
+
+    def write_atomic(self, rel: str, data: bytes) -> None:
+        """Replace ``rel`` with ``data`` durably and atomically (tmp + fsync + rename)."""
+        raise NotImplementedError
+
+    def remove_tree(self, rel: str) -> None:
+        raise NotImplementedError
+
+    def unlink(self, rel: str) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _short(rel: str, want: int, got: int) -> OSError:
+    return OSError(errno.EIO, f"short read of {rel}: {got} of {want} bytes")
+
+
+# --------------------------------------------------------------------------- POSIX (+ USRBIO)
+
+
+def _mountpoint(path: str) -> str:
+    p = os.path.realpath(path)
+    while not os.path.ismount(p):
+        p = os.path.dirname(p)
+    return p
+
+
+def _fs3_mount_of(path: str) -> str | None:
+    """The fs3 mount point holding ``path`` if its USRBIO agent socket exists, else None."""
+    from fs3.usrbio.shm import agent_socket_path
+
+    mp = _mountpoint(path)
+    try:
+        return mp if os.path.exists(agent_socket_path(mp)) else None
+    except OSError:
+        return None
+
+
+class PosixStore(Store):
+    """A local directory; USRBIO for bulk I/O when it is on an fs3 mount (``usrbio=None``: auto)."""
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        usrbio: bool | None = None,
+        staging_bytes: int = 64 << 20,
+        create: bool = True,
+    ):
+        self.root = os.path.abspath(root)
+        if create:
+            os.makedirs(self.root, exist_ok=True)
+        elif not os.path.isdir(self.root):
+            raise FileNotFoundError(errno.ENOENT, "no such checkpoint directory", root)
+        mount = _fs3_mount_of(self.root) if usrbio is not False else None
+        if usrbio and mount is None:
+            raise OSError(errno.ENODEV, f"{root} is not on an fs3 mount with a USRBIO agent")
+        self.mount = mount
+        self.kind = "usrbio" if mount else "posix"
+        self._pool: ThreadPoolExecutor | None = None
+        self._iovs: list[Any] = []  # Iovs handed out by alloc (zero-copy sources/targets)
+        self._staging: Any = None
+        self._staging_bytes = staging_bytes
+        self._lock = threading.Lock()
+
+    def _p(self, rel: str) -> str:
+        return os.path.join(self.root, rel)
+
+    def _threads(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(INFLIGHT, thread_name_prefix="fs3-ckpt-io")
+        return self._pool
+
+    def alloc(self, nbytes: int) -> memoryview:
+        if self.mount is None or nbytes == 0:
+            return super().alloc(nbytes)
+        from fs3.usrbio import Iov
+
+        iov = Iov(self.mount, nbytes)
+        self._iovs.append(iov)
+        return iov.buf
+
+    def alloc_detached(self, nbytes: int) -> tuple[memoryview, Callable[[], None]]:
+        """On USRBIO: registered shared memory, so reads land with no copy.
+
+        ``done()`` deregisters it; the mapping stays while views exist
+        (:meth:`fs3.transport.region.ShmRegion.close` refuses to unmap exported
+        memory) and goes with the last of them.
+        """
+        if self.mount is None or nbytes == 0:
+            return super().alloc_detached(nbytes)
+        from fs3.usrbio import Iov
+
+        iov = Iov(self.mount, nbytes)
+        self._iovs.append(iov)
+
+        def done() -> None:
+            if iov in self._iovs:
+                self._iovs.remove(iov)
+            iov.close()
+
+        return iov.buf[:nbytes], done
+
+    def free(self, buf: memoryview | None) -> None:
+        if buf is None or not len(buf):
+            return
+        hit = self._iov_of(buf)
+        if hit is not None:
+            self._iovs.remove(hit[0])
+            try:
+                buf.release()
+            except BufferError:
+                pass  # still viewed somewhere: the mapping stays until those views go
+            hit[0].close()
+
+    def _iov_of(self, mv: memoryview) -> tuple[Any, int] | None:
+        a = _addr(mv)
+        for iov in self._iovs:
+            base = _addr(iov.buf)
+            if base <= a and a + len(mv) <= base + iov.size:
+                return iov, a - base
+        return None
+
+    # -- bulk
+    def write_segments(
+        self, rel: str, segs: Sequence[Segment], *, size: int, inflight: int = INFLIGHT
+    ) -> None:
+        path = self._p(rel)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            ios = split_segments(segs)
+            if self.mount is not None:
+                self._usrbio(fd, ios, inflight, write=True, rel=rel)
+            else:
+                list(self._threads().map(lambda s: _pwrite_all(fd, s), ios))
+            if os.fstat(fd).st_size != size:
+                os.ftruncate(fd, size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def read_segments(self, rel: str, segs: Sequence[Segment], *, inflight: int = INFLIGHT) -> None:
+        fd = os.open(self._p(rel), os.O_RDONLY)
+        try:
+            ios = split_segments(segs)
+            if self.mount is not None:
+                self._usrbio(fd, ios, inflight, write=False, rel=rel)
+            else:
+                list(self._threads().map(lambda s: _pread_all(fd, s, rel), ios))
+        finally:
+            os.close(fd)
+
+    def _usrbio(self, fd: int, ios: list[Segment], inflight: int, *, write: bool, rel: str) -> None:
+        """Run ``ios`` through a USRBIO ring, ``inflight`` at a time.
+
+        A segment inside an Iov from :meth:`alloc` goes straight from/to it;
+        any other is staged through a shared staging Iov (one copy).
+        """
+        from fs3.usrbio import Ior, Iov, dereg_fd, prep_io, reg_fd, submit_ios, wait_for_ios
+
+        assert self.mount is not None
+        with self._lock:  # a ring is single-threaded; stores are shared by writer threads
+            if self._staging is None:
+                self._staging = Iov(self.mount, self._staging_bytes)
+            staging = self._staging
+            slot = max(1, min(IO_BYTES, self._staging_bytes // max(1, inflight)))
+            nslots = self._staging_bytes // slot
+            free = list(range(nslots))
+            reg_fd(fd)
+            ior = Ior(self.mount, entries=min(inflight, nslots), for_read=not write)
+            try:
+                pending = 0
+                it: Iterator[Segment] = iter(ios)
+                nxt = next(it, None)
+                while nxt is not None or pending:
+                    while nxt is not None and ior.in_flight < ior.entries:
+                        s = nxt
+                        hit = self._iov_of(s.buf)
+                        if hit is not None:
+                            iov, off = hit
+                            prep_io(ior, iov, off, fd, s.offset, len(s.buf), userdata=(s, None))
+                        elif len(s.buf) <= slot and free:
+                            k = free.pop()
+                            if write:
+                                staging.buf[k * slot : k * slot + len(s.buf)] = s.buf
+                            prep_io(
+                                ior, staging, k * slot, fd, s.offset, len(s.buf), userdata=(s, k)
+                            )
+                        elif len(s.buf) > slot:
+                            # bigger than a staging slot: split and retry
+                            rest = split_segments([s], slot)
+                            it = iter(rest + list(it))
+                            nxt = next(it, None)
+                            continue
+                        else:
+                            break  # no free staging slot: reap first
+                        pending += 1
+                        nxt = next(it, None)
+                    submit_ios(ior)
+                    for c in wait_for_ios(ior, max_results=ior.entries, min_results=1):
+                        pending -= 1
+                        seg, k = c.userdata
+                        if c.result < 0:
+                            raise OSError(
+                                -c.result,
+                                f"usrbio {'write' if write else 'read'} of {rel}: {os.strerror(-c.result)}",
+                            )
+                        if c.result != len(seg.buf):
+                            if write:
+                                raise OSError(errno.EIO, f"short usrbio write of {rel}")
+                            raise _short(rel, len(seg.buf), c.result)
+                        if k is not None:
+                            if not write:
+                                seg.buf[:] = staging.buf[k * slot : k * slot + len(seg.buf)]
+                            free.append(k)
+            finally:
+                ior.close()
+                dereg_fd(fd)
+
+    # -- metadata
+    def makedirs(self, rel: str) -> None:
+        os.makedirs(self._p(rel), exist_ok=True)
+
+    def listdir(self, rel: str) -> list[str]:
+        return sorted(os.listdir(self._p(rel)))
+
+    def exists(self, rel: str) -> bool:
+        return os.path.exists(self._p(rel))
+
+    def size(self, rel: str) -> int:
+        return os.stat(self._p(rel)).st_size
+
+    def read_bytes(self, rel: str) -> bytes:
+        with open(self._p(rel), "rb") as f:
+            return f.read()
+
+    def write_atomic(self, rel: str, data: bytes) -> None:
+        path = self._p(rel)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dfd = os.open(os.path.dirname(path), os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def remove_tree(self, rel: str) -> None:
+        shutil.rmtree(self._p(rel), ignore_errors=False)
+
+    def unlink(self, rel: str) -> None:
+        os.unlink(self._p(rel))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
+        for iov in self._iovs:
+            iov.close()
+        self._iovs.clear()
+
+
+def _pwrite_all(fd: int, s: Segment) -> None:
+    mv, off = s.buf, s.offset
+    while len(mv):
+        n = os.pwrite(fd, mv, off)
+        mv, off = mv[n:], off + n
+
+
+def _pread_all(fd: int, s: Segment, rel: str) -> None:
+    mv, off, want = s.buf, s.offset, len(s.buf)
+    got = 0
+    while got < want:
+        n = os.preadv(fd, [mv[got:]], off + got)
+        if n == 0:
+            raise _short(rel, want, got)
+        got += n
+
+
+# --------------------------------------------------------------------------- fs3 client API
+
+
+class ClientStore(Store):
+    """A directory of fs3 reached through a connected :class:`fs3.client.file_api.Client`."""
+
+    kind = "client"
+
+    def __init__(self, client: Any, root: str, *, create: bool = True) -> None:
+        self.client = client
+        self.root = "/" + root.strip("/")
+        if create:
+            client.makedirs(self.root, exist_ok=True)
+        elif not client.isdir(self.root):
+            raise FileNotFoundError(errno.ENOENT, "no such checkpoint directory", root)
+
+    def _p(self, rel: str) -> str:
+        return f"{self.root.rstrip('/')}/{rel}" if rel else self.root
+
+    def _gather(self, fn: Any, ios: list[Segment], inflight: int) -> Any:
+        async def run() -> None:
+            sem = asyncio.Semaphore(inflight)
+
+            async def one(s: Segment) -> None:
+                async with sem:
+                    await fn(s)
+
+            await asyncio.gather(*(one(s) for s in ios))
+
+        return run()
+
+    def write_segments(
+        self, rel: str, segs: Sequence[Segment], *, size: int, inflight: int = INFLIGHT
+    ) -> None:
+        core = self.client.core
+        with self.client.open(self._p(rel), "wb", buffering=0) as f:
+            h = f.handle
+
+            async def one(s: Segment) -> None:
+                await core.write(h, s.offset, s.buf)
+
+            self.client._run(self._gather(one, split_segments(segs), inflight), rel)
+            if size > 0 and (not segs or max(s.offset + len(s.buf) for s in segs) < size):
+                f.truncate(size)
+            f.fsync()
+
+    def read_segments(self, rel: str, segs: Sequence[Segment], *, inflight: int = INFLIGHT) -> None:
+        core = self.client.core
+        with self.client.open(self._p(rel), "rb", buffering=0) as f:
+            h = f.handle
+
+            async def one(s: Segment) -> None:
+                n = await core.readinto(h, s.offset, s.buf)
+                if n != len(s.buf):
+                    raise _short(rel, len(s.buf), n)
+
+            self.client._run(self._gather(one, split_segments(segs), inflight), rel)
+
+    def makedirs(self, rel: str) -> None:
+        self.client.makedirs(self._p(rel), exist_ok=True)
+
+    def listdir(self, rel: str) -> list[str]:
+        return sorted(self.client.listdir(self._p(rel)))
+
+    def exists(self, rel: str) -> bool:
+        return bool(self.client.exists(self._p(rel)))
+
+    def size(self, rel: str) -> int:
+        return int(self.client.getsize(self._p(rel)))
+
+    def read_bytes(self, rel: str) -> bytes:
+        with self.client.open(self._p(rel), "rb") as f:
+            return bytes(f.read())
+
+    def write_atomic(self, rel: str, data: bytes) -> None:
+        path = self._p(rel)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        with self.client.open(tmp, "wb") as f:
+            f.write(data)
+            f.fsync()
+        # meta commits a rename as one transaction: durable once it returns
+        self.client.rename(tmp, path)
+
+    def unlink(self, rel: str) -> None:
+        self.client.unlink(self._p(rel))
+
+    def remove_tree(self, rel: str) -> None:
+        path = self._p(rel)
+        for dirpath, dirnames, filenames in list(self.client.walk(path, topdown=False)):
+            for n in filenames:
+                self.client.unlink(f"{dirpath.rstrip('/')}/{n}")
+            for n in dirnames:
+                self.client.rmdir(f"{dirpath.rstrip('/')}/{n}")
+        self.client.rmdir(path)
+
+
+def open_store(
+    path: str | Store, *, client: Any = None, usrbio: bool | None = None, create: bool = True
+) -> Store:
+    """A store for ``path``: itself if already a Store, the client API if ``client``, else POSIX.
+
+    ``create=False``: the directory must exist (FileNotFoundError otherwise).
+    """
+    if isinstance(path, Store):
+        return path
+    if client is not None:
+        return ClientStore(client, path, create=create)
+    return PosixStore(path, usrbio=usrbio, create=create)

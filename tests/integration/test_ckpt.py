@@ -1,0 +1,163 @@
+"""fs3.ckpt against a real cluster: through the client API (no mount) and on the FUSE mount with USRBIO."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fs3.testing.cluster import ProcessCluster
+
+pytest.register_assert_rewrite("fuse_helpers")  # shared helpers + the fuse_cluster plugin
+from fuse_helpers import fresh_dir, needs_fuse  # noqa: E402 - after register_assert_rewrite
+
+import fs3.ckpt as ckpt  # noqa: E402
+from fs3.ckpt import layout  # noqa: E402
+from fs3.ckpt.store import ClientStore, PosixStore  # noqa: E402
+
+torch = pytest.importorskip("torch")
+
+pytest_plugins = ["fuse_helpers"]  # the shared cluster fixture ``fuse_cluster``
+pytestmark = [pytest.mark.integration, pytest.mark.fuse, needs_fuse, pytest.mark.timeout(180)]
+
+
+@pytest.fixture(scope="module")
+def client(fuse_cluster: ProcessCluster) -> Iterator[Any]:
+    c = fuse_cluster.connect()
+    yield c
+    ckpt.close_all()
+    c.close()
+
+
+def _state(seed: int, n: int = 40) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(seed)
+    sd: dict[str, Any] = {"layers": {}}
+    for i in range(n):  # mixed sizes: a few large, many small, across chunk boundaries
+        shape = (int(torch.randint(1, 600, (1,), generator=g)), 513) if i % 7 == 0 else (i + 1, 3)
+        sd["layers"][str(i)] = torch.randn(shape, generator=g)
+    sd["bf"] = torch.randn(1000, generator=g).to(torch.bfloat16)
+    sd["np"] = np.arange(3000, dtype=np.int32)
+    sd["meta"] = {"step": seed, "name": "run"}
+    return sd
+
+
+def _empty_like(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _empty_like(v) for k, v in x.items()}
+    if isinstance(x, torch.Tensor):
+        return torch.empty_like(x)
+    if isinstance(x, np.ndarray):
+        return np.empty_like(x)
+    return x
+
+
+def _same(a: Any, b: Any) -> None:
+    if isinstance(a, dict):
+        assert set(a) == set(b)
+        for k in a:
+            _same(a[k], b[k])
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, np.ndarray):
+        assert np.array_equal(a, b)
+    else:
+        assert a == b
+
+
+def test_client_api_round_trip_and_increments(client: Any) -> None:
+    root = f"/ckpt-{uuid.uuid4().hex[:8]}"
+    c = ckpt.Checkpointer(root, client=client, policy=ckpt.Incremental(baseline_every=5))
+    assert c.store.kind == "client"
+    sd = _state(1)
+    full = c.save(sd, step=10).wait()
+    sd["layers"]["3"] += 1
+    inc = c.save(sd, step=11).wait()
+    assert inc["kind"] == "incr" and inc["bytes"] < full["bytes"] / 10
+    _same(sd, c.load())
+    assert ckpt.latest(root, client=client) == 11
+    _same(sd, ckpt.load(root, client=client))
+    st = ClientStore(client, root, create=False)
+    assert layout.verify(st, 11) == [] and layout.verify(st, 10) == []
+    c.close()
+
+
+def test_consolidated_two_ranks_reshard_via_client(client: Any) -> None:
+    root = f"/ckpt-{uuid.uuid4().hex[:8]}"
+    w = torch.randn(1000, 64)
+    errs: list[BaseException] = []
+
+    def rank(r: int) -> None:
+        try:
+            c = ckpt.Checkpointer(root, client=client, rank=r, world_size=2, mode="consolidated")
+            c.save(
+                {"w": ckpt.Shard(w[r * 500 : (r + 1) * 500], (1000, 64), r * 500)}, step=1
+            ).wait()
+            c.close()
+        except BaseException as e:  # noqa: BLE001 - asserted below
+            errs.append(e)
+
+    ts = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert not errs, errs
+    assert torch.equal(ckpt.load(root, client=client)["w"], w)
+    parts = [ckpt.load(root, client=client, rank=r, world_size=3)["w"] for r in range(3)]
+    assert torch.equal(torch.cat(parts), w) and [p.shape[0] for p in parts] == [334, 333, 333]
+
+
+def test_mount_uses_usrbio(fuse_cluster: ProcessCluster, client: Any) -> None:
+    d = fresh_dir(fuse_cluster)
+    c = ckpt.Checkpointer(str(d))
+    assert c.store.kind == "usrbio"
+    sd = _state(2)
+    c.save(sd, step=1).wait()
+    _same(sd, c.load())  # one transfer into registered shared memory, no copy
+    into = _empty_like(sd)
+    out = c.load(into=into)
+    _same(sd, out)
+    assert out["layers"]["0"] is into["layers"]["0"]
+    # the same checkpoint through the client API (no mount)
+    rel = "/" + str(d.relative_to(fuse_cluster.mountpoint or "/"))
+    _same(sd, ckpt.load(rel, client=client))
+    # plain POSIX on the mount reads the same bytes
+    plain = PosixStore(str(d), usrbio=False)
+    assert plain.kind == "posix" and layout.verify(plain, 1) == []
+    _same(sd, ckpt.load(plain))
+    plain.close()
+    c.close()
+
+
+def test_cli_against_cluster(fuse_cluster: ProcessCluster, client: Any) -> None:
+    root = f"/ckpt-{uuid.uuid4().hex[:8]}"
+    c = ckpt.Checkpointer(root, client=client)
+    c.save({"w": torch.ones(1000)}, step=1).wait()
+    c.save({"w": torch.ones(1000)}, step=2).wait()
+    c.close()
+    fs3 = [sys.executable, "-m", "fs3.cli.main", "ckpt"]
+    cf = ["--cluster", fuse_cluster.cluster_file]
+
+    def run(*a: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*fs3, *a], capture_output=True, text=True, timeout=60, check=False)
+
+    r = run("ls", root, *cf, "--json")
+    assert r.returncode == 0, r.stderr
+    assert [(x["step"], x["valid"]) for x in json.loads(r.stdout)] == [(1, True), (2, True)]
+    r = run("verify", root, *cf)
+    assert r.returncode == 0 and "step 2: ok" in r.stdout, r.stdout + r.stderr
+    r = run("rm", root, *cf, "--keep-last", "1")
+    assert r.returncode == 0 and "removed: 1" in r.stdout, r.stdout + r.stderr
+    assert client.listdir(root) == ["step-000000000002"]
+    # the mount path works the same
+    d = Path(fuse_cluster.mountpoint or "/") / root.lstrip("/")
+    r = run("ls", str(d))
+    assert r.returncode == 0 and "full" in r.stdout
