@@ -531,7 +531,6 @@ def test_up_sh_again_on_a_running_cluster_only_prints_its_status(
     cluster_dir: Path, tmp_path: Path
 ) -> None:
     """README command 1, twice: the second run neither installs nor restarts, and prints one status."""
-    need_services()
     if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
         pytest.skip("needs /dev/fuse and fusermount3")
     if Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():

@@ -10,8 +10,8 @@
 
 from __future__ import annotations
 
-import shutil
 import os
+import shutil
 import subprocess
 import sys
 import time
