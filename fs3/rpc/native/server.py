@@ -472,6 +472,10 @@ class ServerConnection(FrameReceiver):
         self._inflight_bytes -= nbytes
         self._update_reading()
 
+    def _resume_buffered(self) -> None:
+        if not self._reading_paused and not self._closed:
+            self.resume_parsing()
+
     def _update_reading(self) -> None:
         t = self._transport
         if t is None or self._closed:
@@ -483,10 +487,13 @@ class ServerConnection(FrameReceiver):
         )
         if pause and not self._reading_paused:
             self._reading_paused = True
+            self._parse_paused = True
             t.pause_reading()
         elif not pause and self._reading_paused:
             self._reading_paused = False
             t.resume_reading()
+            # frames that were already buffered come first (not from inside a frame callback)
+            self._loop.call_soon(self._resume_buffered)
 
 
 class _RelayBackend(asyncio.Protocol):

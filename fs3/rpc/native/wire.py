@@ -111,6 +111,9 @@ class FrameReceiver(asyncio.BufferedProtocol):
         self._held_payload: memoryview | None = None
         self._preface_needed = self.expect_preface
         self._broken = False
+        # set by a subclass that has stopped reading (flow control): frames
+        # already buffered wait too, until it calls resume_parsing()
+        self._parse_paused = False
 
     # -- what subclasses provide --------------------------------------------------
 
@@ -169,9 +172,20 @@ class FrameReceiver(asyncio.BufferedProtocol):
 
     # -- parsing ---------------------------------------------------------------
 
+    def resume_parsing(self) -> None:
+        """Parse frames that arrived while parsing was paused."""
+        self._parse_paused = False
+        if self._broken or self._direct is not None:
+            return
+        try:
+            self._parse()
+        except ProtocolViolation as e:
+            self._broken = True
+            self.violation(str(e))
+
     def _parse(self) -> None:
         buf = self._buf
-        while self._direct is None and not self._broken:
+        while self._direct is None and not self._broken and not self._parse_paused:
             start, end = self._start, self._end
             avail = end - start
             if self._preface_needed:
