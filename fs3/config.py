@@ -203,9 +203,8 @@ class RpcSection:
     transport: str = "native"  # native | grpc: what this process's own calls use
     event_loop: str = "uvloop"  # uvloop | asyncio: the process's event loop
     unix_sockets: bool = True  # servers also listen on, and clients prefer, a same-host Unix socket
-    socket_dir: str = (
-        "/tmp/fs3-rpc"  # where those Unix sockets live (see fs3/rpc/native/endpoints.py)
-    )
+    socket_dir: str = "/tmp/fs3-rpc"  # Unix sockets' directory (fs3/rpc/native/endpoints.py)
+    grpc_port: int = -1  # servers: also serve gRPC directly (no relay) on this port; 0: free; -1: off
     max_inflight_calls: int = 1024  # per connection; more waits (client) / stops reading (server)
     max_inflight_bytes: int = 128 << 20  # per connection: request bytes being served
     max_message_bytes: int = 64 << 20  # largest protobuf body accepted in a frame
@@ -222,6 +221,7 @@ class RpcSection:
         _check(self.max_payload_bytes >= 4096, "max_payload_bytes must be >= 4096")
         _check(self.write_buffer_bytes >= 65536, "write_buffer_bytes must be >= 64 KiB")
         _check(self.stall_timeout_s > 0, "stall_timeout_s must be > 0")
+        _check(-1 <= self.grpc_port <= 65535, "grpc_port must be -1..65535")
         _check(len(self.socket_dir) < 64, "socket_dir must be shorter than 64 characters")
 
 

@@ -119,6 +119,7 @@ class RpcServer:
         self._grpc_path = ""
         self._uds_path = ""
         self.address = ""
+        self.grpc_port = 0  # a direct gRPC port ([rpc] grpc_port), 0: none
 
     def add(self, add_fn: Callable[[Any, aio.Server], None], servicer: Any) -> None:
         guarded = guard_servicer(servicer)
@@ -155,6 +156,12 @@ class RpcServer:
                 Code.UNAVAILABLE, f"cannot listen on unix:{self._grpc_path}", retryable=False
             )
         self.native.grpc_relay_path = self._grpc_path
+        if self.rpc.grpc_port >= 0:
+            self.grpc_port = self.grpc.add_insecure_port(f"{host}:{self.rpc.grpc_port}")
+            if self.grpc_port == 0:
+                raise FsError(
+                    Code.UNAVAILABLE, f"cannot listen on {host}:{self.rpc.grpc_port}", retryable=False
+                )
         return actual
 
     async def start(self) -> None:
