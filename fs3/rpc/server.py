@@ -160,7 +160,9 @@ class RpcServer:
             self.grpc_port = self.grpc.add_insecure_port(f"{host}:{self.rpc.grpc_port}")
             if self.grpc_port == 0:
                 raise FsError(
-                    Code.UNAVAILABLE, f"cannot listen on {host}:{self.rpc.grpc_port}", retryable=False
+                    Code.UNAVAILABLE,
+                    f"cannot listen on {host}:{self.rpc.grpc_port}",
+                    retryable=False,
                 )
         return actual
 

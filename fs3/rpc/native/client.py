@@ -270,10 +270,10 @@ class ClientConnection(FrameReceiver):
         if t is None or self.closed:
             raise _unavailable(self.channel.address, "connection closed")
         if payload is None or not len(payload):
-            t.write(wire.pack(kind, flags, mid, rid, timeout_ms, body))
+            self.write_frame(t, wire.pack(kind, flags, mid, rid, timeout_ms, body))
         else:
-            t.writelines(
-                (wire.pack(kind, flags, mid, rid, timeout_ms, body, len(payload)), payload)
+            self.write_frame(
+                t, wire.pack(kind, flags, mid, rid, timeout_ms, body, len(payload)), payload
             )
 
     def new_rid(self) -> int:
@@ -285,7 +285,7 @@ class ClientConnection(FrameReceiver):
         self._pending.pop(rid, None)
         self._streams.pop(rid, None)
         if self.transport is not None and not self.closed:
-            self.transport.write(wire.pack(CANCEL, 0, mid, rid, 0, b""))
+            self.write_frame(self.transport, wire.pack(CANCEL, 0, mid, rid, 0, b""))
 
     async def unary(
         self,

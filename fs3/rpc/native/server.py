@@ -296,6 +296,7 @@ class ServerConnection(FrameReceiver):
     def _close(self, abort: bool = False) -> None:
         self._broken = True
         if self._transport is not None and not self._closed:
+            self._uncork()  # answers of this loop turn go out before the close
             self._closed = True
             if abort:
                 self._transport.abort()
@@ -458,9 +459,11 @@ class ServerConnection(FrameReceiver):
         if t is None or self._closed:
             return
         if payload is None:
-            t.write(wire.pack(kind, HAS_MESSAGE, mid, rid, 0, body))
+            self.write_frame(t, wire.pack(kind, HAS_MESSAGE, mid, rid, 0, body))
         else:
-            t.writelines((wire.pack(kind, HAS_MESSAGE, mid, rid, 0, body, len(payload)), payload))
+            self.write_frame(
+                t, wire.pack(kind, HAS_MESSAGE, mid, rid, 0, body, len(payload)), payload
+            )
 
     # -- flow control -------------------------------------------------------------
 
