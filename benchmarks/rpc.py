@@ -306,8 +306,16 @@ def main() -> int:
         ratio = f"{r['seq'] / g:.1f}" if "seq" in r else "-"
         cpu = f"{r['cpu']:.0f}" if "cpu" in r else "-"
         infl = f"{r['inflight']:,.0f}" if "inflight" in r else "-"
-        w = f"{r['w']:,.0f} ({r['w'] / pw:.2f}× plain)" if "w" in r and name != "plain-socket" else (f"{r['w']:,.0f}" if "w" in r else "-")
-        rd = f"{r['r']:,.0f} ({r['r'] / pr:.2f}× plain)" if "r" in r and name != "plain-socket" else (f"{r['r']:,.0f}" if "r" in r else "-")
+        w = (
+            f"{r['w']:,.0f} ({r['w'] / pw:.2f}× plain)"
+            if "w" in r and name != "plain-socket"
+            else (f"{r['w']:,.0f}" if "w" in r else "-")
+        )
+        rd = (
+            f"{r['r']:,.0f} ({r['r'] / pr:.2f}× plain)"
+            if "r" in r and name != "plain-socket"
+            else (f"{r['r']:,.0f}" if "r" in r else "-")
+        )
         lines.append(f"| {name} | {seq} | {ratio} | {cpu} | {infl} | {w} | {rd} |")
     text = "\n".join(lines)
     print(text)

@@ -204,7 +204,7 @@ class RpcSection:
     event_loop: str = "uvloop"  # uvloop | asyncio: the process's event loop
     unix_sockets: bool = True  # servers also listen on, and clients prefer, a same-host Unix socket
     socket_dir: str = "/tmp/fs3-rpc"  # Unix sockets' directory (fs3/rpc/native/endpoints.py)
-    grpc_port: int = -1  # servers: also serve gRPC directly (no relay) on this port; 0: free; -1: off
+    grpc_port: int = -1  # servers: also gRPC without the relay on this port (0: free; -1: off)
     max_inflight_calls: int = 1024  # per connection; more waits (client) / stops reading (server)
     max_inflight_bytes: int = 128 << 20  # per connection: request bytes being served
     max_message_bytes: int = 64 << 20  # largest protobuf body accepted in a frame
