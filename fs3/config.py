@@ -207,7 +207,7 @@ class RpcSection:
     grpc_port: int = -1  # servers: also gRPC without the relay on this port (0: free; -1: off)
     max_inflight_calls: int = 1024  # per connection; more waits (client) / stops reading (server)
     max_inflight_bytes: int = 128 << 20  # per connection: request bytes being served
-    max_message_bytes: int = 64 << 20  # largest protobuf body accepted in a frame
+    max_message_bytes: int = 256 << 20  # largest protobuf body in a frame (gRPC's limit too)
     max_payload_bytes: int = 64 << 20  # largest bulk payload accepted in a frame
     write_buffer_bytes: int = 4 << 20  # unsent bytes per connection before senders wait
     stall_timeout_s: float = 30.0  # a peer that reads nothing this long is disconnected

@@ -296,6 +296,13 @@ class ClientConnection(FrameReceiver):
         payload: Any = None,
         into: memoryview | None = None,
     ) -> tuple[bytes | memoryview, memoryview | None]:
+        if len(body) > self.max_body or (payload is not None and len(payload) > self.max_payload):
+            # the server would close the connection (and every call on it) for this frame
+            raise FsError(
+                Code.INVALID_ARGUMENT,
+                f"{path}: request of {len(body)} + {0 if payload is None else len(payload)} bytes "
+                f"exceeds the limits ({self.max_body} + {self.max_payload})",
+            )
         if self._inflight >= self.channel.max_inflight_calls:
             await self._acquire_slot()
         else:
@@ -362,7 +369,7 @@ class NativeChannel:
         prefer_uds: bool = True,
         max_inflight_calls: int = 1024,
         max_inflight_bytes: int = 128 << 20,
-        max_message_bytes: int = 64 << 20,
+        max_message_bytes: int = 256 << 20,
         max_payload_bytes: int = 64 << 20,
         write_buffer_bytes: int = 4 << 20,
     ) -> None:

@@ -67,7 +67,7 @@ class Limits:
         *,
         max_inflight_calls: int = 1024,
         max_inflight_bytes: int = 128 << 20,
-        max_message_bytes: int = 64 << 20,
+        max_message_bytes: int = 256 << 20,
         max_payload_bytes: int = 64 << 20,
         write_buffer_bytes: int = 4 << 20,
         stall_timeout_s: float = 30.0,
@@ -405,6 +405,12 @@ class ServerConnection(FrameReceiver):
         try:
             resp = await handler(request, ctx)
             body = resp.SerializeToString()
+            if len(body) > self.max_body:
+                # the client would drop the connection (and every call on it) for this frame
+                raise FsError(
+                    Code.INVALID_ARGUMENT,
+                    f"{method.path}: answer of {len(body)} bytes exceeds {self.max_body}",
+                )
             if self._write_paused:
                 await self._writable()
             self._send(REPLY, method.id, rid, body, ctx.reply_payload)

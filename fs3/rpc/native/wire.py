@@ -94,7 +94,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
     :meth:`violation` (what to do with a malformed stream).
     """
 
-    max_body: int = 64 << 20
+    max_body: int = 256 << 20
     max_payload: int = 64 << 20
     expect_preface: bool = False
 

@@ -272,3 +272,28 @@ def test_limits_from_config() -> None:
     r = dataclasses.replace(RpcSection(), max_inflight_calls=3)
     node = Node(r)
     assert node.server.native.limits.max_inflight_calls == 3
+
+
+def test_oversized_request_fails_alone() -> None:
+    """A request above the frame limit is refused at the caller (INVALID_ARGUMENT);
+    the connection, and every other call on it, lives on."""
+
+    async def main() -> None:
+        async with Node() as node:
+            settings.configure(RpcSection(max_message_bytes=4096))
+            pool = ChannelPool("native")
+            stub = mgmtd_pb2_grpc.MgmtdServiceStub(pool.get(node.address))
+            await call(stub.GetLeader, mgmtd_pb2.GetLeaderRequest(), timeout=5)
+            with pytest.raises(FsError) as ei:
+                await call(
+                    stub.Heartbeat,
+                    mgmtd_pb2.HeartbeatRequest(node_id=9, name="x" * 5000),
+                    timeout=5,
+                )
+            assert ei.value.code == Code.INVALID_ARGUMENT and "exceeds" in ei.value.message
+            r = await call(stub.Heartbeat, mgmtd_pb2.HeartbeatRequest(node_id=9), timeout=5)
+            assert r.last_hb_version == 9
+            assert node.server.native.connections == 1
+            await pool.close()
+
+    run(main())
