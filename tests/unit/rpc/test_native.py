@@ -269,9 +269,11 @@ def test_asyncio_loop_switch() -> None:
 
 
 def test_limits_from_config() -> None:
-    r = dataclasses.replace(RpcSection(), max_inflight_calls=3)
-    node = Node(r)
-    assert node.server.native.limits.max_inflight_calls == 3
+    async def main() -> int:
+        node = Node(dataclasses.replace(RpcSection(), max_inflight_calls=3))
+        return node.server.native.limits.max_inflight_calls
+
+    assert run(main()) == 3
 
 
 def test_oversized_request_fails_alone() -> None:
