@@ -148,9 +148,14 @@ class RpcServer:
         self._sock = sock
         actual = int(sock.getsockname()[1])
         self.address = f"{host}:{actual}"
-        # grpc.aio listens privately; the public port relays HTTP/2 connections to it
-        d = tempfile.mkdtemp(prefix="fs3-grpc-")
-        self._grpc_path = os.path.join(d, "grpc.sock")
+        # grpc.aio listens privately; the public port relays HTTP/2 connections to it.
+        # Its socket sits beside the native one, keyed by the address, so a server
+        # killed with SIGKILL leaves one stale file that its successor replaces.
+        self._grpc_path = endpoints.uds_path(self.address, self.rpc.socket_dir)[:-5] + ".grpc.sock"
+        try:
+            endpoints.prepare(self._grpc_path)
+        except OSError:
+            self._grpc_path = os.path.join(tempfile.mkdtemp(prefix="fs3-grpc-"), "grpc.sock")
         if self.grpc.add_insecure_port(f"unix:{self._grpc_path}") == 0:
             raise FsError(
                 Code.UNAVAILABLE, f"cannot listen on unix:{self._grpc_path}", retryable=False
@@ -188,8 +193,9 @@ class RpcServer:
         await self.grpc.stop(grace)
         if self._grpc_path:
             endpoints.remove(self._grpc_path)
-            with contextlib.suppress(OSError):
-                os.rmdir(os.path.dirname(self._grpc_path))
+            if os.path.basename(os.path.dirname(self._grpc_path)).startswith("fs3-grpc-"):
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.dirname(self._grpc_path))
 
 
 def create_server(rpc: Any = None) -> RpcServer:
