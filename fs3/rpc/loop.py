@@ -4,10 +4,11 @@ Why uvloop: the per-call cost of the native transport is mostly event-loop
 work (socket readiness, callbacks, task steps), which uvloop does in C; a
 framed call round trip is several times cheaper on it than on the stock loop.
 
-grpc.aio shares the loop: its client and server run on uvloop in the same
-thread (grpc 1.6x+ drives its completion queue from its own poller thread and
-hands results to whichever asyncio loop is running), which the fs3 test suite
-exercises with both transports. So there is no second thread or loop for gRPC.
+grpc.aio shares the loop: its client and server run on the same uvloop loop in
+the same thread (checked with grpcio 1.85; every fs3 process serves gRPC next to
+the native transport on it, and the tests run gRPC clients on it too). So there
+is no second thread or loop for gRPC; ``[rpc] event_loop = "asyncio"`` is the way
+back should a grpcio release stop working on uvloop.
 """
 
 from __future__ import annotations
