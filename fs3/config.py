@@ -212,6 +212,35 @@ class TransportSection:
 
 
 @dataclass
+class RpcSection:
+    """How this process makes RPCs; every server serves both transports on its port."""
+
+    transport: str = "native"  # native | grpc: what this process's own calls use
+    event_loop: str = "uvloop"  # uvloop | asyncio: the process's event loop
+    unix_sockets: bool = True  # servers also listen on, and clients prefer, a same-host Unix socket
+    socket_dir: str = "/tmp/fs3-rpc"  # Unix sockets' directory (fs3/rpc/native/endpoints.py)
+    grpc_port: int = -1  # servers: also gRPC without the relay on this port (0: free; -1: off)
+    max_inflight_calls: int = 1024  # per connection; more waits (client) / stops reading (server)
+    max_inflight_bytes: int = 128 << 20  # per connection: request bytes being served
+    max_message_bytes: int = 256 << 20  # largest protobuf body in a frame (gRPC's limit too)
+    max_payload_bytes: int = 64 << 20  # largest bulk payload accepted in a frame
+    write_buffer_bytes: int = 4 << 20  # unsent bytes per connection before senders wait
+    stall_timeout_s: float = 30.0  # a peer that reads nothing this long is disconnected
+
+    def validate(self) -> None:
+        _check(self.transport in {"native", "grpc"}, "transport must be native or grpc")
+        _check(self.event_loop in {"uvloop", "asyncio"}, "event_loop must be uvloop or asyncio")
+        _check(self.max_inflight_calls >= 1, "max_inflight_calls must be >= 1")
+        _check(self.max_inflight_bytes >= 1 << 20, "max_inflight_bytes must be >= 1 MiB")
+        _check(self.max_message_bytes >= 4096, "max_message_bytes must be >= 4096")
+        _check(self.max_payload_bytes >= 4096, "max_payload_bytes must be >= 4096")
+        _check(self.write_buffer_bytes >= 65536, "write_buffer_bytes must be >= 64 KiB")
+        _check(self.stall_timeout_s > 0, "stall_timeout_s must be > 0")
+        _check(-1 <= self.grpc_port <= 65535, "grpc_port must be -1..65535")
+        _check(len(self.socket_dir) < 64, "socket_dir must be shorter than 64 characters")
+
+
+@dataclass
 class ClientSection:
     """Client library (Python API, FUSE daemon, meta's own storage client)."""
 
@@ -272,6 +301,7 @@ class MgmtdConfig:
     log: LogSection = field(default_factory=LogSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     mgmtd: MgmtdSection = field(default_factory=MgmtdSection)
+    rpc: RpcSection = field(default_factory=RpcSection)
 
 
 @dataclass
@@ -284,6 +314,7 @@ class MetaConfig:
     meta: MetaSection = field(default_factory=MetaSection)
     client: ClientSection = field(default_factory=ClientSection)
     transport: TransportSection = field(default_factory=TransportSection)
+    rpc: RpcSection = field(default_factory=RpcSection)
 
 
 @dataclass
@@ -295,6 +326,7 @@ class StorageConfig:
     storage: StorageSection = field(default_factory=StorageSection)
     transport: TransportSection = field(default_factory=TransportSection)
     client: ClientSection = field(default_factory=ClientSection)
+    rpc: RpcSection = field(default_factory=RpcSection)
 
 
 @dataclass
@@ -306,6 +338,7 @@ class ClientConfig:
     transport: TransportSection = field(default_factory=TransportSection)
     fuse: FuseSection = field(default_factory=FuseSection)
     log: LogSection = field(default_factory=LogSection)
+    rpc: RpcSection = field(default_factory=RpcSection)
 
 
 SERVICE_CONFIGS: dict[str, type] = {

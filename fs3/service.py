@@ -3,7 +3,9 @@
 :func:`service_main` parses ``--config FILE``, loads and validates the config
 (printing a clear error and exiting 2 if it is bad), sets up logging and the
 Prometheus endpoint, runs the service's ``serve(cfg, stop_event)`` coroutine on
-asyncio and stops it cleanly on SIGTERM/SIGINT.
+the event loop its ``[rpc] event_loop`` names (uvloop by default; see
+``fs3.rpc.loop``), with its ``[rpc]`` section adopted for every RPC it makes,
+and stops it cleanly on SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any, TypeVar
 from fs3 import config as _config
 from fs3 import logs
 from fs3.errors import FsError
+from fs3.rpc import settings
+from fs3.rpc.loop import run as run_loop
 
 C = TypeVar("C")
 
@@ -74,8 +78,11 @@ def service_main(
             loop.add_signal_handler(sig, stop.set)
         return await serve(cfg, stop)
 
+    rpc_cfg = getattr(cfg, "rpc", None)
+    if rpc_cfg is not None:
+        settings.configure(rpc_cfg)
     try:
-        rc = asyncio.run(_run())
+        rc = run_loop(_run(), rpc_cfg.event_loop if rpc_cfg is not None else "uvloop")
     except FsError as e:
         log.error("%s failed: %s", prog, e)
         print(f"{prog}: {e.message}", file=sys.stderr)

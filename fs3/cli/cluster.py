@@ -143,6 +143,7 @@ class ClusterSpec:
     mgmtd: int = 2
     kv: str = "sqlite"
     transport: str = "grpc"
+    rpc: str = "native"  # [rpc] transport of every process: native | grpc
     fdb_cluster_file: str = "/etc/foundationdb/fdb.cluster"
     base_port: int = 0  # 0: free ports picked by the kernel
     # role -> section -> key -> value, applied after the local defaults
@@ -164,6 +165,7 @@ class ClusterSpec:
         )
         need(self.kv in {"sqlite", "fdb"}, "--kv must be sqlite or fdb")
         need(self.transport in {"grpc", "tcp", "shm"}, "--transport must be grpc, tcp or shm")
+        need(self.rpc in {"native", "grpc"}, "--rpc must be native or grpc")
         need(
             self.base_port == 0 or 1024 <= self.base_port <= 65000,
             "--base-port must be 0 or 1024..65000",
@@ -749,6 +751,7 @@ class LocalCluster:
                 "cluster": {"id": st.cluster_id, "cluster_file": st.cluster_file},
                 "log": {"file": ""},
                 "metrics": {"port": rec.ports[1]},
+                "rpc": {"transport": spec.rpc},
             }
             if rec.role in ("mgmtd", "meta"):
                 settings["kv"] = {"url": kv_url}
@@ -778,6 +781,7 @@ class LocalCluster:
             {
                 "cluster": {"id": st.cluster_id, "cluster_file": st.cluster_file},
                 "transport": {"kind": st.spec.transport},
+                "rpc": {"transport": st.spec.rpc},
                 "log": {"file": ""},
             },
             st.spec.overrides.get("fuse", {}),
@@ -1521,6 +1525,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--fdb-cluster-file", help="FoundationDB cluster file for --kv fdb")
     up.add_argument("--transport", choices=["grpc", "tcp", "shm"])
     up.add_argument(
+        "--rpc", choices=["native", "grpc"], help="RPC transport of every process (default native)"
+    )
+    up.add_argument(
         "--base-port", type=int, help="use ports BASE, BASE+1, ... instead of free ports"
     )
     up.add_argument(
@@ -1615,6 +1622,7 @@ SPEC_OPTIONS = (
     "kv",
     "fdb_cluster_file",
     "transport",
+    "rpc",
     "base_port",
 )
 

@@ -59,8 +59,12 @@ class Bridge:
     :attr:`loop`, i.e. inside coroutines submitted through the bridge.
     """
 
-    def __init__(self, name: str = "fs3-client-loop") -> None:
-        self._loop = asyncio.new_event_loop()
+    def __init__(self, name: str = "fs3-client-loop", event_loop: str | None = None) -> None:
+        # uvloop unless [rpc] event_loop = "asyncio" (fs3.rpc.loop says why)
+        from fs3.rpc import settings
+        from fs3.rpc.loop import new_event_loop
+
+        self._loop = new_event_loop(event_loop or settings.current().event_loop)
         self._ready = threading.Event()
         self._closed = False
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)

@@ -281,7 +281,7 @@ class AsyncClient:
         self.transport = transport
         c = config.client
         self.policy = RetryPolicy(deadline_s=c.retry_deadline_s, rpc_timeout_s=c.rpc_timeout_s)
-        self._pool = ChannelPool()
+        self._pool = ChannelPool(config.rpc.transport)
         self.meta = MetaClient(
             lambda: self.routing_watcher.current,
             self.refresh_routing,
@@ -349,7 +349,10 @@ class AsyncClient:
         kind = transport or cfg.transport.kind
         cid = client_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         mgmtd = MgmtdClient.from_cluster_file(
-            path, timeout_s=cfg.client.rpc_timeout_s, retry_deadline_s=cfg.client.retry_deadline_s
+            path,
+            timeout_s=cfg.client.rpc_timeout_s,
+            retry_deadline_s=cfg.client.retry_deadline_s,
+            transport=cfg.rpc.transport,
         )
         watcher = RoutingWatcher(mgmtd, poll_interval_s=cfg.client.routing_refresh_s)
         try:

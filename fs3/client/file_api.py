@@ -115,7 +115,7 @@ class Client:
         cluster file name or content (see :meth:`AsyncClient.connect`).
         """
         own = bridge is None
-        br = bridge or Bridge()
+        br = bridge or Bridge(event_loop=config.rpc.event_loop if config is not None else None)
         try:
             core = br.run(AsyncClient.connect(cluster_file, config=config, transport=transport))
         except FsError as e:

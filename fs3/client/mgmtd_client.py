@@ -59,6 +59,7 @@ class MgmtdClient:
         *,
         timeout_s: float = 5.0,
         retry_deadline_s: float = 60.0,
+        transport: str | None = None,
     ) -> None:
         addrs = [a.strip() for a in addresses if a and a.strip()]
         if not addrs:
@@ -74,6 +75,7 @@ class MgmtdClient:
         self._hb_version = 0
         self._rng = random.Random()
         self._closed = False
+        self.transport = transport  # native | grpc; None: the process's [rpc] transport
 
     @classmethod
     def from_cluster_file(cls, path: str, **kwargs: Any) -> MgmtdClient:
@@ -246,7 +248,7 @@ class MgmtdClient:
         loop = asyncio.get_running_loop()
         if self._pool is None or self._loop is not loop:
             # grpc.aio channels belong to one loop; a new loop needs new ones.
-            self._pool = ChannelPool()
+            self._pool = ChannelPool(self.transport)
             self._loop = loop
             self._stubs = {}
         stub = self._stubs.get(addr)

@@ -234,10 +234,15 @@ def serve(
     import pyfuse3
     import pyfuse3.asyncio
 
+    from fs3.rpc import settings
+    from fs3.rpc.loop import run as run_loop
+
     pyfuse3.asyncio.enable()
+    settings.configure(cfg.rpc)
     code = [0]
     try:
-        asyncio.run(_serve_async(cluster, mountpoint, cfg, extra, ready, code))
+        # pyfuse3's asyncio mode runs on uvloop too ([rpc] event_loop)
+        run_loop(_serve_async(cluster, mountpoint, cfg, extra, ready, code), cfg.rpc.event_loop)
     except BaseException:  # noqa: BLE001 - the daemon reports, logs and exits with 1
         log.exception("FUSE main loop failed")
         ready("error: the FUSE main loop failed (see the log)")

@@ -1,8 +1,12 @@
-"""gRPC channel helpers for clients of fs3 services.
+"""Channel helpers for clients of fs3 services, over either transport.
 
 Channels are cached per (address, loop) because creating one costs a
-connection handshake; :func:`call` turns ``grpc.RpcError`` into ``FsError``
-with :mod:`fs3.rpc.status`, so callers only ever handle fs3 errors.
+connection handshake. A :class:`ChannelPool` hands out native channels
+(``fs3.rpc.native.client.NativeChannel``) or grpc.aio channels, as the
+process's ``[rpc] transport`` says; both are accepted by the generated
+``*ServiceStub`` classes, so callers are the same for both. :func:`call` turns
+``grpc.RpcError`` into ``FsError`` with :mod:`fs3.rpc.status` (native calls
+raise ``FsError`` themselves), so callers only ever handle fs3 errors.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import grpc
 from grpc import aio
 
 from fs3.errors import Code, FsError
+from fs3.rpc import settings
+from fs3.rpc.native.client import NativeChannel
 from fs3.rpc.server import MAX_MESSAGE_BYTES
 from fs3.rpc.status import from_rpc_error
 
@@ -43,16 +49,38 @@ def sync_channel(address: str) -> grpc.Channel:
     return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
 
 
+def native_channel(address: str, rpc: Any = None) -> NativeChannel:
+    """A native channel to ``address`` with the limits of ``rpc`` (default: the process's)."""
+    r = rpc or settings.current()
+    return NativeChannel(
+        address,
+        socket_dir=r.socket_dir,
+        prefer_uds=r.unix_sockets,
+        max_inflight_calls=r.max_inflight_calls,
+        max_inflight_bytes=r.max_inflight_bytes,
+        max_message_bytes=r.max_message_bytes,
+        max_payload_bytes=r.max_payload_bytes,
+        write_buffer_bytes=r.write_buffer_bytes,
+    )
+
+
 class ChannelPool:
-    """One grpc.aio channel per address, for the event loop that owns the pool."""
+    """One channel per address, for the event loop that owns the pool.
 
-    def __init__(self) -> None:
-        self._channels: dict[str, aio.Channel] = {}
+    ``transport``: ``"native"`` or ``"grpc"``; default: the process's ``[rpc] transport``.
+    """
 
-    def get(self, address: str) -> aio.Channel:
+    def __init__(self, transport: str | None = None) -> None:
+        self.transport = transport or settings.current().transport
+        self._channels: dict[str, Any] = {}
+
+    def get(self, address: str) -> Any:
         ch = self._channels.get(address)
         if ch is None:
-            ch = insecure_channel(address)
+            if self.transport == "native":
+                ch = native_channel(address)
+            else:
+                ch = insecure_channel(address)
             self._channels[address] = ch
         return ch
 

@@ -1,17 +1,29 @@
-"""gRPC server helpers: error mapping for every handler, standard options.
+"""RPC server helpers: error mapping for every handler, both transports on one port.
 
 Servicers are thin: they call an operator and return its message. Wrapping each
 servicer with :func:`guard_servicer` (done by :func:`add_servicer`) guarantees
 that no exception escapes as a Python traceback: ``FsError`` becomes a status
 plus ``ErrorDetail``; anything else is logged with its traceback on the server
 and answered as ``INTERNAL``.
+
+:func:`create_server` returns an :class:`RpcServer`: the guarded servicers are
+served by grpc.aio *and* by the native transport (``fs3.rpc.native``), the
+very same handler objects. The advertised ``host:port`` is a native listener
+that relays connections starting with the HTTP/2 preface to the grpc.aio
+server on a private Unix socket, so every address in cluster files and
+routing serves both; same-host native peers may also use the Unix socket of
+``fs3.rpc.native.endpoints.uds_path(address)``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
+import os
+import socket
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +31,10 @@ import grpc
 from grpc import aio
 
 from fs3.errors import Code, FsError
+from fs3.rpc import settings
+from fs3.rpc.native import endpoints
+from fs3.rpc.native.methods import service_of_adder
+from fs3.rpc.native.server import Limits, NativeServer
 from fs3.rpc.status import status_for, trailing_metadata
 
 log = logging.getLogger("fs3.rpc")
@@ -92,26 +108,119 @@ def guard_servicer(servicer: Any) -> Any:
     return servicer
 
 
-def create_server() -> aio.Server:
-    """A grpc.aio server with fs3's standard options."""
-    return aio.server(options=SERVER_OPTIONS)
+class RpcServer:
+    """gRPC and native serving of the same servicers on one advertised address."""
+
+    def __init__(self, rpc: Any = None) -> None:
+        self.rpc = rpc or settings.current()
+        self.grpc = aio.server(options=SERVER_OPTIONS)
+        self.native = NativeServer(Limits.from_config(self.rpc))
+        self._sock: socket.socket | None = None
+        self._grpc_path = ""
+        self._uds_path = ""
+        self.address = ""
+        self.grpc_port = 0  # a direct gRPC port ([rpc] grpc_port), 0: none
+
+    def add(self, add_fn: Callable[[Any, aio.Server], None], servicer: Any) -> None:
+        guarded = guard_servicer(servicer)
+        add_fn(guarded, self.grpc)
+        self.native.add_servicer(service_of_adder(add_fn), guarded)
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        """gRPC-only handlers of services outside ``proto/`` (test doubles)."""
+        self.grpc.add_generic_rpc_handlers(handlers)
+
+    def bind(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (0: a free port); returns the port."""
+        bare = host.strip("[]")
+        family = socket.AF_INET6 if ":" in bare else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((bare, port))
+            sock.listen(1024)
+        except OSError as e:
+            sock.close()
+            raise FsError(
+                Code.UNAVAILABLE, f"cannot listen on {host}:{port}: {e}", retryable=False
+            ) from None
+        sock.setblocking(False)
+        self._sock = sock
+        actual = int(sock.getsockname()[1])
+        self.address = f"{host}:{actual}"
+        # grpc.aio listens privately; the public port relays HTTP/2 connections to it.
+        # Its socket sits beside the native one, keyed by the address, so a server
+        # killed with SIGKILL leaves one stale file that its successor replaces.
+        self._grpc_path = endpoints.uds_path(self.address, self.rpc.socket_dir)[:-5] + ".grpc.sock"
+        try:
+            endpoints.prepare(self._grpc_path)
+        except OSError:
+            self._grpc_path = os.path.join(tempfile.mkdtemp(prefix="fs3-grpc-"), "grpc.sock")
+        if self.grpc.add_insecure_port(f"unix:{self._grpc_path}") == 0:
+            raise FsError(
+                Code.UNAVAILABLE, f"cannot listen on unix:{self._grpc_path}", retryable=False
+            )
+        self.native.grpc_relay_path = self._grpc_path
+        if self.rpc.grpc_port >= 0:
+            self.grpc_port = self.grpc.add_insecure_port(f"{host}:{self.rpc.grpc_port}")
+            if self.grpc_port == 0:
+                raise FsError(
+                    Code.UNAVAILABLE,
+                    f"cannot listen on {host}:{self.rpc.grpc_port}",
+                    retryable=False,
+                )
+        return actual
+
+    async def start(self) -> None:
+        await self.grpc.start()
+        if self._sock is not None:
+            await self.native.listen_socket(self._sock)
+            if self.rpc.unix_sockets:
+                path = endpoints.uds_path(self.address, self.rpc.socket_dir)
+                try:
+                    endpoints.prepare(path)
+                    await self.native.listen_unix(path)
+                    self._uds_path = path
+                except OSError as e:
+                    log.warning(
+                        "no Unix socket for %s (%s): same-host peers use TCP", self.address, e
+                    )
+
+    async def stop(self, grace: float | None = None) -> None:
+        await self.native.stop()
+        if self._uds_path:
+            endpoints.remove(self._uds_path)
+        await self.grpc.stop(grace)
+        if self._grpc_path:
+            endpoints.remove(self._grpc_path)
+            if os.path.basename(os.path.dirname(self._grpc_path)).startswith("fs3-grpc-"):
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.dirname(self._grpc_path))
+
+
+def create_server(rpc: Any = None) -> RpcServer:
+    """A server for both transports with fs3's standard options (``rpc``: an ``[rpc]`` section)."""
+    return RpcServer(rpc)
 
 
 def add_servicer(
-    server: aio.Server, add_fn: Callable[[Any, aio.Server], None], servicer: Any
+    server: RpcServer, add_fn: Callable[[Any, aio.Server], None], servicer: Any
 ) -> None:
-    """Register ``servicer`` (guarded) with ``add_fn`` (the generated add_*_to_server)."""
-    add_fn(guard_servicer(servicer), server)
+    """Serve ``servicer`` (guarded) on both transports; ``add_fn`` is the generated add_*_to_server."""
+    server.add(add_fn, servicer)
 
 
-def bind(server: aio.Server, host: str, port: int) -> int:
-    """Bind an insecure port; returns the actual port (``port=0`` picks a free one)."""
-    actual = server.add_insecure_port(f"{host}:{port}")
-    if actual == 0:
-        raise FsError(
-            Code.UNAVAILABLE, f"cannot listen on {host}:{port} (address in use?)", retryable=False
-        )
-    return actual
+def bind(server: RpcServer, host: str, port: int) -> int:
+    """Listen on ``host:port``; returns the actual port (``port=0`` picks a free one)."""
+    return server.bind(host, port)
 
 
-__all__ = ["create_server", "add_servicer", "bind", "guard_servicer", "MAX_MESSAGE_BYTES", "grpc"]
+__all__ = [
+    "RpcServer",
+    "create_server",
+    "add_servicer",
+    "bind",
+    "guard_servicer",
+    "MAX_MESSAGE_BYTES",
+    "grpc",
+]

@@ -30,6 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from fs3 import config as fs3config
 from fs3.cli.cluster import (
     ClusterSpec,
     ClusterState,
@@ -64,6 +65,7 @@ class ProcessCluster:
         mgmtd: int = 2,
         kv: str = "sqlite",
         transport: str = "grpc",
+        rpc: str | None = None,
         mount: bool | str | None = None,
         overrides: dict[str, dict[str, dict[str, Any]]] | None = None,
         start_timeout_s: float = 120.0,
@@ -82,6 +84,8 @@ class ProcessCluster:
             mgmtd=mgmtd,
             kv=kv,
             transport=transport,
+            # the RPC transport of the tier: FS3_RPC_TRANSPORT (as every process reads it), default native
+            rpc=rpc or fs3config.load(fs3config.ClientConfig, None).rpc.transport,
             overrides=overrides or {},
         )
         if mount is True:
@@ -268,9 +272,9 @@ def failover_client_config() -> Any:
     removal from its chain; each attempt gives up after 3 s so a dead node is
     noticed quickly.
     """
-    from fs3 import config as fs3config
 
     cfg = fs3config.load(fs3config.ClientConfig, None, env={})
+    cfg.rpc = fs3config.load(fs3config.ClientConfig, None).rpc  # the tier's RPC transport
     cfg.client.retry_deadline_s = 45.0
     cfg.client.rpc_timeout_s = 3.0
     cfg.client.routing_refresh_s = 0.5

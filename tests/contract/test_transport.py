@@ -152,7 +152,7 @@ class EchoClient:
         self.ct = ct
         self.address = address
         self.data_address = data_address
-        self.pool = ChannelPool()
+        self.pool = ChannelPool("grpc")  # the echo double is a gRPC-only service
 
     def _mc(self, name: str, **md: str) -> Callable[..., Any]:
         mc = self.pool.get(self.address).unary_unary(

@@ -3,7 +3,8 @@
 The server side is the real ``StorageServicer`` + ``StorageOperator.read_stream``;
 only ``batch_read`` (the per-batch chunk reading, tested elsewhere) is replaced by
 a scripted one so the test controls which request finishes when. The client side
-is the real :class:`NodeReadStream` on a real grpc.aio channel.
+is the real :class:`NodeReadStream` on a real channel of each RPC transport
+(grpc.aio and native), both served by the same ``RpcServer``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 from fs3.client.storage_client import NodeReadStream
 from fs3.errors import Code, FsError, invalid
 from fs3.proto import storage_pb2, storage_pb2_grpc
-from fs3.rpc.channel import BidiStream, insecure_channel
+from fs3.rpc.channel import BidiStream, ChannelPool
 from fs3.rpc.server import add_servicer, bind, create_server
 from fs3.storage.operator import StorageOperator
 from fs3.storage.service import StorageServicer
@@ -65,8 +66,12 @@ async def _until(cond: Callable[[], bool], within_s: float, what: str) -> None:
         await asyncio.sleep(0.005)
 
 
+TRANSPORTS = pytest.mark.parametrize("transport", ["native", "grpc"])
+
+
 def _run(
     body: Callable[[ScriptedOperator, Callable[[], NodeReadStream], str], Awaitable[None]],
+    transport: str,
 ) -> None:
     async def go() -> None:
         op = ScriptedOperator()
@@ -77,8 +82,8 @@ def _run(
         port = bind(server, "127.0.0.1", 0)
         await server.start()
         address = f"127.0.0.1:{port}"
-        ch = insecure_channel(address)
-        stub = storage_pb2_grpc.StorageServiceStub(ch)  # type: ignore[no-untyped-call]
+        pool = ChannelPool(transport)
+        stub = storage_pb2_grpc.StorageServiceStub(pool.get(address))  # type: ignore[no-untyped-call]
         streams: list[NodeReadStream] = []
 
         def open_stream() -> NodeReadStream:
@@ -91,7 +96,7 @@ def _run(
         finally:
             for s in streams:
                 await s.close()
-            await ch.close()
+            await pool.close()
             await server.stop(0)
         # Nothing of ours is left running on the loop.
         left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
@@ -101,7 +106,8 @@ def _run(
 
 
 @pytest.mark.timeout(20)
-def test_answers_arrive_out_of_order_by_request_id() -> None:
+@TRANSPORTS
+def test_answers_arrive_out_of_order_by_request_id(transport: str) -> None:
     async def body(
         op: ScriptedOperator, open_stream: Callable[[], NodeReadStream], _a: str
     ) -> None:
@@ -116,11 +122,12 @@ def test_answers_arrive_out_of_order_by_request_id() -> None:
         assert [r.length for r in (await slow).results] == [1, 1, 1]
         assert not s.dead
 
-    _run(body)
+    _run(body, transport)
 
 
 @pytest.mark.timeout(20)
-def test_failed_requests_get_errors_and_the_stream_lives_on() -> None:
+@TRANSPORTS
+def test_failed_requests_get_errors_and_the_stream_lives_on(transport: str) -> None:
     async def body(
         op: ScriptedOperator, open_stream: Callable[[], NodeReadStream], _a: str
     ) -> None:
@@ -133,11 +140,12 @@ def test_failed_requests_get_errors_and_the_stream_lives_on() -> None:
         assert ok.results[0].length == 3 and not ok.results[0].error.code
         assert not s.dead
 
-    _run(body)
+    _run(body, transport)
 
 
 @pytest.mark.timeout(20)
-def test_timeout_is_retryable_and_cancels_the_server_work() -> None:
+@TRANSPORTS
+def test_timeout_is_retryable_and_cancels_the_server_work(transport: str) -> None:
     async def body(
         op: ScriptedOperator, open_stream: Callable[[], NodeReadStream], _a: str
     ) -> None:
@@ -150,11 +158,12 @@ def test_timeout_is_retryable_and_cancels_the_server_work() -> None:
         assert (await s.request(_ios(5), 10)).results[0].length == 5  # same stream still works
         assert not s.dead
 
-    _run(body)
+    _run(body, transport)
 
 
 @pytest.mark.timeout(20)
-def test_client_going_away_cancels_server_tasks_and_fails_pending() -> None:
+@TRANSPORTS
+def test_client_going_away_cancels_server_tasks_and_fails_pending(transport: str) -> None:
     async def body(
         op: ScriptedOperator, open_stream: Callable[[], NodeReadStream], _a: str
     ) -> None:
@@ -172,11 +181,12 @@ def test_client_going_away_cancels_server_tasks_and_fails_pending() -> None:
             await s.request(_ios(7), 1)
         assert ei2.value.retryable
 
-    _run(body)
+    _run(body, transport)
 
 
 @pytest.mark.timeout(30)
-def test_server_gone_fails_pending_reads_retryably_and_a_new_stream_works() -> None:
+@TRANSPORTS
+def test_server_gone_fails_pending_reads_retryably_and_a_new_stream_works(transport: str) -> None:
     async def go() -> None:
         op = ScriptedOperator()
         server = create_server()
@@ -186,8 +196,8 @@ def test_server_gone_fails_pending_reads_retryably_and_a_new_stream_works() -> N
         port = bind(server, "127.0.0.1", 0)
         await server.start()
         address = f"127.0.0.1:{port}"
-        ch = insecure_channel(address)
-        stub = storage_pb2_grpc.StorageServiceStub(ch)  # type: ignore[no-untyped-call]
+        pool = ChannelPool(transport)
+        stub = storage_pb2_grpc.StorageServiceStub(pool.get(address))  # type: ignore[no-untyped-call]
         died: list[NodeReadStream] = []
 
         def open_stream() -> NodeReadStream:
@@ -234,7 +244,7 @@ def test_server_gone_fails_pending_reads_retryably_and_a_new_stream_works() -> N
             await s2.close()
         finally:
             await s.close()
-            await ch.close()
+            await pool.close()
             if server2 is not None:
                 await server2.stop(0)
 

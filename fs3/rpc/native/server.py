@@ -1,0 +1,635 @@
+"""Server side of the native transport: the same servicers, framed calls.
+
+:class:`NativeServer` dispatches each call to the servicer object that gRPC
+serves (the generated ``<Service>Servicer`` subclass, after
+``fs3.rpc.server.guard_servicer``), passing a small :class:`NativeContext`
+that implements what those handlers and the guard use. So there is exactly one
+handler per method, whichever transport carried the call.
+
+One :class:`ServerConnection` per peer:
+
+* calls are multiplexed and answered as they finish (out of order); each runs
+  in its own task; a CANCEL frame cancels that task, a deadline (the CALL's
+  ``timeout_ms``) cancels it and answers ``TIMEOUT``;
+* flow control: while more than ``max_inflight_calls`` calls or
+  ``max_inflight_bytes`` request bytes (bodies + payloads + queued stream
+  messages) are in flight, or while the peer is not reading our replies, the
+  connection stops reading (TCP backpressure reaches the sender); replies wait
+  for the transport to drain; a peer that has not read for ``stall_timeout_s``
+  is disconnected. Memory per connection is therefore bounded by the limits,
+  whatever the peer sends;
+* a malformed frame (bad kind or length, unknown method, undecodable body,
+  payload above the maximum) closes that connection with one log line; every
+  other connection is untouched.
+
+A listener also accepts gRPC: a connection whose first bytes are the HTTP/2
+preface is relayed to the process's grpc.aio server on a private Unix socket
+(:class:`GrpcRelay`), so one advertised ``host:port`` serves both transports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from fs3.errors import Code, FsError
+from fs3.proto import common_pb2
+from fs3.rpc.native import wire
+from fs3.rpc.native.methods import BY_ID, Method, service_methods
+from fs3.rpc.native.wire import (
+    CALL,
+    CANCEL,
+    END,
+    ERROR,
+    HALF_CLOSE,
+    HAS_MESSAGE,
+    MESSAGE,
+    REPLY,
+    FrameReceiver,
+    ProtocolViolation,
+    describe_peer,
+    log,
+)
+from fs3.rpc.status import DETAIL_KEY, detail_of
+
+
+class Limits:
+    """Per-connection bounds (``[rpc]`` config keys of the same names)."""
+
+    def __init__(
+        self,
+        *,
+        max_inflight_calls: int = 1024,
+        max_inflight_bytes: int = 128 << 20,
+        max_message_bytes: int = 256 << 20,
+        max_payload_bytes: int = 64 << 20,
+        write_buffer_bytes: int = 4 << 20,
+        stall_timeout_s: float = 30.0,
+    ) -> None:
+        self.max_inflight_calls = max_inflight_calls
+        self.max_inflight_bytes = max_inflight_bytes
+        self.max_message_bytes = max_message_bytes
+        self.max_payload_bytes = max_payload_bytes
+        self.write_buffer_bytes = write_buffer_bytes
+        self.stall_timeout_s = stall_timeout_s
+
+    @classmethod
+    def from_config(cls, section: Any) -> Limits:
+        return cls(
+            max_inflight_calls=section.max_inflight_calls,
+            max_inflight_bytes=section.max_inflight_bytes,
+            max_message_bytes=section.max_message_bytes,
+            max_payload_bytes=section.max_payload_bytes,
+            write_buffer_bytes=section.write_buffer_bytes,
+            stall_timeout_s=section.stall_timeout_s,
+        )
+
+
+class _Aborted(Exception):
+    """Raised by :meth:`NativeContext.abort`; carries the serialized ErrorDetail."""
+
+    def __init__(self, detail: bytes) -> None:
+        super().__init__("aborted")
+        self.detail = detail
+
+
+class NativeContext:
+    """What fs3 handlers (and ``guard_servicer``) use of a grpc ServicerContext.
+
+    ``payload`` is the request's bulk payload (None without one); a handler
+    that answers with bulk bytes sets :attr:`reply_payload`.
+    """
+
+    __slots__ = ("payload", "reply_payload", "_detail", "_deadline", "peer_name")
+
+    def __init__(self, payload: memoryview | None, deadline: float | None, peer: str) -> None:
+        self.payload = payload
+        self.reply_payload: Any = None
+        self._detail: bytes | None = None
+        self._deadline = deadline
+        self.peer_name = peer
+
+    def set_trailing_metadata(self, metadata: Any) -> None:
+        for key, value in metadata or ():
+            if key == DETAIL_KEY:
+                self._detail = value
+
+    async def abort(self, code: Any, details: str = "") -> None:
+        detail = self._detail
+        if detail is None:
+            detail = detail_of(FsError(Code.INTERNAL, details or str(code)))
+        raise _Aborted(detail)
+
+    def time_remaining(self) -> float | None:
+        if self._deadline is None:
+            return None
+        return max(0.0, self._deadline - asyncio.get_running_loop().time())
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+    def peer(self) -> str:
+        return self.peer_name
+
+
+def _error_detail(exc: BaseException, method: str) -> bytes:
+    if isinstance(exc, _Aborted):
+        return exc.detail
+    if isinstance(exc, FsError):
+        return detail_of(exc)
+    log.error("unexpected error in %s: %s: %s", method, type(exc).__name__, exc, exc_info=exc)
+    return detail_of(FsError(Code.INTERNAL, f"internal error in {method}: {type(exc).__name__}"))
+
+
+_EOF = object()
+
+
+class _Call:
+    __slots__ = ("task", "timer", "timed_out", "queue", "nbytes", "method")
+
+    def __init__(self, method: Method, nbytes: int) -> None:
+        self.method = method
+        self.task: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.timed_out = False
+        self.queue: asyncio.Queue[Any] | None = None
+        self.nbytes = nbytes
+
+
+class _RequestStream:
+    """The request iterator a client-streaming handler consumes."""
+
+    def __init__(self, conn: ServerConnection, rid: int, call: _Call) -> None:
+        self._conn = conn
+        self._rid = rid
+        self._call = call
+
+    def __aiter__(self) -> _RequestStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        q = self._call.queue
+        assert q is not None
+        item, size = await q.get()
+        if item is _EOF:
+            raise StopAsyncIteration
+        self._conn._release(size)
+        return item
+
+
+class ServerConnection(FrameReceiver):
+    expect_preface = True
+
+    def __init__(self, server: NativeServer) -> None:
+        super().__init__()
+        self.server = server
+        lim = server.limits
+        self.max_body = lim.max_message_bytes
+        self.max_payload = lim.max_payload_bytes
+        self._lim = lim
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._calls: dict[int, _Call] = {}
+        self._inflight_bytes = 0
+        self._reading_paused = False
+        self._write_paused = False
+        self._drained: asyncio.Future[None] | None = None
+        self._stall: asyncio.TimerHandle | None = None
+        self._closed = False
+        self._relay: GrpcRelay | None = None
+        self.peer = "unknown peer"
+
+    # -- asyncio ------------------------------------------------------------------
+
+    def connection_made(self, transport: Any) -> None:
+        self._transport = transport
+        self.peer = describe_peer(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport.set_write_buffer_limits(high=self._lim.write_buffer_bytes)
+        self.server._connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._broken = True
+        self.server._connections.discard(self)
+        if self._stall is not None:
+            self._stall.cancel()
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        for call in list(self._calls.values()):
+            if call.timer is not None:
+                call.timer.cancel()
+            if call.task is not None:
+                call.task.cancel()
+        self._calls.clear()
+        if self._relay is not None:
+            self._relay.front_lost()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        if self._drained is None or self._drained.done():
+            self._drained = self._loop.create_future()
+        self._update_reading()
+        if self._stall is None:
+            self._stall = self._loop.call_later(self._lim.stall_timeout_s, self._stalled)
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        self._update_reading()
+
+    def _stalled(self) -> None:
+        self._stall = None
+        if self._closed or self._transport is None:
+            return
+        log.warning(
+            "closing native connection from %s: peer stopped reading (%d bytes unsent for %.0f s)",
+            self.peer,
+            self._transport.get_write_buffer_size(),
+            self._lim.stall_timeout_s,
+        )
+        self._close(abort=True)
+
+    # -- preface / relay --------------------------------------------------------------
+
+    def preface_received(self, preface: bytes) -> bool:
+        if preface == wire.PREFACE:
+            return True
+        if preface == wire.HTTP2_PREFACE_START and self.server.grpc_relay_path:
+            # a gRPC client: relay the whole connection to the grpc.aio server
+            data = preface + bytes(self._buf[self._start : self._end])
+            self._start = self._end = 0
+            self._relay = GrpcRelay(self, self.server.grpc_relay_path, data)
+            return False
+        raise ProtocolViolation(f"not an fs3 connection (starts with {preface!r})")
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._relay is not None:
+            return self._view
+        return super().get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._relay is not None:
+            self._relay.forward(bytes(self._view[:nbytes]))
+            return
+        super().buffer_updated(nbytes)
+
+    # -- frames ---------------------------------------------------------------------
+
+    def violation(self, message: str) -> None:
+        log.warning("closing native connection from %s: %s", self.peer, message)
+        self._close(abort=True)
+
+    def _close(self, abort: bool = False) -> None:
+        self._broken = True
+        if self._transport is not None and not self._closed:
+            self._uncork()  # answers of this loop turn go out before the close
+            self._closed = True
+            if abort:
+                self._transport.abort()
+            else:
+                self._transport.close()
+
+    def frame_received(
+        self,
+        kind: int,
+        flags: int,
+        method_id: int,
+        request_id: int,
+        timeout_ms: int,
+        body: bytes | memoryview,
+        payload: memoryview | None,
+    ) -> None:
+        if kind == CALL:
+            self._start_call(flags, method_id, request_id, timeout_ms, body, payload)
+        elif kind == MESSAGE:
+            call = self._calls.get(request_id)
+            if call is None:
+                return  # the call already ended (answered or cancelled): drop its stragglers
+            if call.queue is None:
+                raise ProtocolViolation(
+                    f"stream message for {call.method.path}, which takes no request stream"
+                )
+            msg = self._decode(call.method, body)
+            size = len(body) + (len(payload) if payload is not None else 0)
+            self._acquire(size)
+            call.queue.put_nowait((msg, size))
+        elif kind == HALF_CLOSE:
+            call = self._calls.get(request_id)
+            if call is not None and call.queue is not None:
+                call.queue.put_nowait((_EOF, 0))
+        elif kind == CANCEL:
+            call = self._calls.get(request_id)
+            if call is not None and call.task is not None:
+                call.task.cancel()
+        else:
+            raise ProtocolViolation(f"a client sent a {wire.KIND_NAMES[kind]} frame")
+
+    def _decode(self, method: Method, body: bytes | memoryview) -> Any:
+        try:
+            return method.request.FromString(body)
+        except (DecodeError, RuntimeError, ValueError) as e:
+            raise ProtocolViolation(
+                f"undecodable {method.path} request ({len(body)} bytes): {e}"
+            ) from None
+
+    def _start_call(
+        self,
+        flags: int,
+        mid: int,
+        rid: int,
+        timeout_ms: int,
+        body: bytes | memoryview,
+        payload: memoryview | None,
+    ) -> None:
+        entry = self.server.handlers.get(mid)
+        if entry is None:
+            known = BY_ID.get(mid)
+            what = f"{known.path} (not served here)" if known else f"unknown method id {mid:#010x}"
+            self._send(
+                ERROR,
+                mid,
+                rid,
+                detail_of(FsError(Code.NOT_IMPLEMENTED, f"{what}")),
+            )
+            raise ProtocolViolation(what)
+        method, handler = entry
+        if rid in self._calls:
+            raise ProtocolViolation(f"request id {rid} reused while its call is in flight")
+        request = self._decode(method, body) if flags & HAS_MESSAGE else None
+        if request is None and not method.client_streaming:
+            raise ProtocolViolation(f"CALL of {method.path} without its request message")
+        size = len(body) + (len(payload) if payload is not None else 0)
+        call = _Call(method, size)
+        self._calls[rid] = call
+        self._acquire(size)
+        deadline = None
+        if timeout_ms:
+            deadline = self._loop.time() + timeout_ms / 1000.0
+            call.timer = self._loop.call_at(deadline, self._expire, rid)
+        ctx = NativeContext(payload, deadline, self.peer)
+        if method.client_streaming:
+            call.queue = asyncio.Queue()
+            if request is not None:
+                call.queue.put_nowait((request, 0))
+            coro: Any = self._run_stream(rid, call, handler(_RequestStream(self, rid, call), ctx))
+        elif method.server_streaming:
+            coro = self._run_stream(rid, call, handler(request, ctx))
+        else:
+            coro = self._run_unary(rid, call, handler, request, ctx)
+        call.task = self._loop.create_task(coro)
+
+    def _expire(self, rid: int) -> None:
+        call = self._calls.get(rid)
+        if call is not None and call.task is not None:
+            call.timed_out = True
+            call.task.cancel()
+
+    async def _run_unary(
+        self, rid: int, call: _Call, handler: Callable[..., Any], request: Any, ctx: NativeContext
+    ) -> None:
+        method = call.method
+        try:
+            resp = await handler(request, ctx)
+            body = resp.SerializeToString()
+            if len(body) > self.max_body:
+                # the client would drop the connection (and every call on it) for this frame
+                raise FsError(
+                    Code.INVALID_ARGUMENT,
+                    f"{method.path}: answer of {len(body)} bytes exceeds {self.max_body}",
+                )
+            if self._write_paused:
+                await self._writable()
+            self._send(REPLY, method.id, rid, body, ctx.reply_payload)
+        except asyncio.CancelledError:
+            if call.timed_out:
+                self._send_timeout(rid, method)
+        except Exception as exc:
+            self._send(ERROR, method.id, rid, _error_detail(exc, method.path))
+        finally:
+            self._end_call(rid, call)
+
+    async def _run_stream(self, rid: int, call: _Call, agen: Any) -> None:
+        method = call.method
+        try:
+            async for item in agen:
+                if self._write_paused:
+                    await self._writable()
+                self._send(MESSAGE, method.id, rid, item.SerializeToString())
+            self._send(END, method.id, rid, b"")
+        except asyncio.CancelledError:
+            if call.timed_out:
+                self._send_timeout(rid, method)
+        except Exception as exc:
+            self._send(ERROR, method.id, rid, _error_detail(exc, method.path))
+        finally:
+            with contextlib.suppress(Exception):
+                await agen.aclose()
+            self._end_call(rid, call)
+
+    def _send_timeout(self, rid: int, method: Method) -> None:
+        err = FsError(Code.TIMEOUT, f"{method.path}: deadline exceeded", retryable=True)
+        self._send(ERROR, method.id, rid, detail_of(err))
+
+    def _end_call(self, rid: int, call: _Call) -> None:
+        if self._calls.get(rid) is call:
+            del self._calls[rid]
+        if call.timer is not None:
+            call.timer.cancel()
+        if call.queue is not None:
+            # stream messages nobody consumed
+            while not call.queue.empty():
+                _item, size = call.queue.get_nowait()
+                call.nbytes += size
+        self._release(call.nbytes)
+
+    async def _writable(self) -> None:
+        while self._write_paused and not self._closed and self._drained is not None:
+            await asyncio.shield(self._drained)
+
+    def _send(self, kind: int, mid: int, rid: int, body: bytes, payload: Any = None) -> None:
+        t = self._transport
+        if t is None or self._closed:
+            return
+        if payload is None:
+            self.write_frame(t, wire.pack(kind, HAS_MESSAGE, mid, rid, 0, body))
+        else:
+            self.write_frame(
+                t, wire.pack(kind, HAS_MESSAGE, mid, rid, 0, body, len(payload)), payload
+            )
+
+    # -- flow control -------------------------------------------------------------
+
+    def _acquire(self, nbytes: int) -> None:
+        self._inflight_bytes += nbytes
+        self._update_reading()
+
+    def _release(self, nbytes: int) -> None:
+        self._inflight_bytes -= nbytes
+        self._update_reading()
+
+    def _resume_buffered(self) -> None:
+        if not self._reading_paused and not self._closed:
+            self.resume_parsing()
+
+    def _update_reading(self) -> None:
+        t = self._transport
+        if t is None or self._closed:
+            return
+        pause = (
+            self._write_paused
+            or len(self._calls) >= self._lim.max_inflight_calls
+            or self._inflight_bytes >= self._lim.max_inflight_bytes
+        )
+        if pause and not self._reading_paused:
+            self._reading_paused = True
+            self._parse_paused = True
+            t.pause_reading()
+        elif not pause and self._reading_paused:
+            self._reading_paused = False
+            t.resume_reading()
+            # frames that were already buffered come first (not from inside a frame callback)
+            self._loop.call_soon(self._resume_buffered)
+
+
+class _RelayBackend(asyncio.Protocol):
+    def __init__(self, relay: GrpcRelay) -> None:
+        self.relay = relay
+
+    def data_received(self, data: bytes) -> None:
+        self.relay.to_front(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.relay.backend_lost()
+
+    def pause_writing(self) -> None:
+        self.relay.front_pause(True)
+
+    def resume_writing(self) -> None:
+        self.relay.front_pause(False)
+
+
+class GrpcRelay:
+    """Pipes one gRPC client connection to the local grpc.aio server's Unix socket.
+
+    Why: both transports share the advertised address (fs3 addresses are one
+    ``host:port`` everywhere: cluster files, routing, configs). Only gRPC
+    connections pay the extra hop; native ones are served directly.
+    """
+
+    def __init__(self, front: ServerConnection, path: str, initial: bytes) -> None:
+        self.front = front
+        self.path = path
+        self._backend: asyncio.Transport | None = None
+        self._queued = [initial]
+        self._closed = False
+        assert front._transport is not None
+        front._transport.pause_reading()
+        asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            transport, _ = await loop.create_unix_connection(lambda: _RelayBackend(self), self.path)
+        except OSError as e:
+            log.warning("cannot relay gRPC connection from %s: %s", self.front.peer, e)
+            self.front._close(abort=True)
+            return
+        if self._closed:
+            transport.close()
+            return
+        self._backend = transport
+        for data in self._queued:
+            transport.write(data)
+        self._queued = []
+        if self.front._transport is not None and not self.front._closed:
+            self.front._transport.resume_reading()
+
+    def forward(self, data: bytes) -> None:
+        if self._backend is not None:
+            self._backend.write(data)
+        else:
+            self._queued.append(data)
+
+    def to_front(self, data: bytes) -> None:
+        t = self.front._transport
+        if t is not None and not self.front._closed:
+            t.write(data)
+
+    def front_pause(self, paused: bool) -> None:
+        t = self.front._transport
+        if t is None or self.front._closed:
+            return
+        if paused:
+            t.pause_reading()
+        else:
+            t.resume_reading()
+
+    def front_lost(self) -> None:
+        self._closed = True
+        if self._backend is not None:
+            self._backend.close()
+
+    def backend_lost(self) -> None:
+        self._closed = True
+        self.front._close()
+
+
+class NativeServer:
+    """Native listeners (TCP and Unix) for a set of servicers."""
+
+    def __init__(self, limits: Limits | None = None) -> None:
+        self.limits = limits or Limits()
+        self.handlers: dict[int, tuple[Method, Callable[..., Any]]] = {}
+        self.grpc_relay_path = ""
+        self._servers: list[asyncio.AbstractServer] = []
+        self._connections: set[ServerConnection] = set()
+
+    def add_servicer(self, service: str, servicer: Any) -> None:
+        """Serve every method of proto ``service`` (full name) that ``servicer`` implements."""
+        for m in service_methods(service):
+            handler = getattr(servicer, m.name, None)
+            # the generated base class's placeholders are plain functions: not served
+            if inspect.iscoroutinefunction(handler) or inspect.isasyncgenfunction(handler):
+                self.handlers[m.id] = (m, handler)
+
+    def _factory(self) -> ServerConnection:
+        return ServerConnection(self)
+
+    async def listen_socket(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        self._servers.append(await loop.create_server(self._factory, sock=sock, backlog=1024))
+
+    async def listen_unix(self, path: str) -> None:
+        loop = asyncio.get_running_loop()
+        self._servers.append(await loop.create_unix_server(self._factory, path, backlog=1024))
+
+    @property
+    def connections(self) -> int:
+        return len(self._connections)
+
+    async def stop(self) -> None:
+        for s in self._servers:
+            s.close()
+        for c in list(self._connections):
+            c._close(abort=True)
+        for s in self._servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(s.wait_closed(), 1.0)
+        self._servers = []
+
+
+__all__ = ["Limits", "NativeContext", "NativeServer", "ServerConnection", "wire", "common_pb2"]

@@ -1,0 +1,316 @@
+"""The native frame format and the buffered receiver both ends share.
+
+A connection starts with the client's 8-byte :data:`PREFACE`; after it both
+directions carry frames::
+
+    header (28 bytes, little endian)
+      u8  kind         CALL | MESSAGE | HALF_CLOSE | REPLY | END | ERROR | CANCEL
+      u8  flags        HAS_MESSAGE: a protobuf body follows (CALL of a client stream may have none)
+      u16 reserved     0
+      u32 method_id    CRC-32 of the gRPC path (fs3.rpc.native.methods)
+      u64 request_id   chosen by the client, unique per connection while the call lives
+      u32 timeout_ms   CALL only: the caller's remaining deadline (0: none)
+      u32 body_len     protobuf message (or common.ErrorDetail for ERROR)
+      u32 payload_len  bulk bytes that follow the body, never inside a protobuf field
+    body    (body_len bytes)
+    payload (payload_len bytes)
+
+A deadline travels as a relative timeout (like gRPC's ``grpc-timeout``): the
+two hosts' clocks need not agree. Every length is checked against the
+receiver's limits *before* anything is allocated, so no buffer is ever sized
+from an unchecked number.
+
+:class:`FrameReceiver` is an :class:`asyncio.BufferedProtocol`: small frames
+are parsed out of one reusable receive buffer; a body too large for it gets a
+buffer of exactly its (checked) size, and a bulk payload is received straight
+into the destination the subclass names (:meth:`FrameReceiver.payload_buffer`),
+e.g. the caller's read buffer, so bulk bytes are not copied by Python.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from typing import Any
+
+log = logging.getLogger("fs3.rpc.native")
+
+PREFACE = b"FS3RPC/1"
+HTTP2_PREFACE_START = b"PRI * HT"  # what a gRPC (HTTP/2) client sends first
+
+HEADER = struct.Struct("<BBHIQIII")
+HEADER_SIZE = HEADER.size
+
+CALL = 1  # client -> server: start a call (unary and server-streaming: with the request)
+MESSAGE = 2  # a stream message, either direction
+HALF_CLOSE = 3  # client -> server: no more stream messages
+REPLY = 4  # server -> client: the unary response (ends the call)
+END = 5  # server -> client: a response stream ended well (ends the call)
+ERROR = 6  # server -> client: the call failed; body = common.ErrorDetail (ends the call)
+CANCEL = 7  # client -> server: abandon the call, answer nothing
+
+KINDS = frozenset({CALL, MESSAGE, HALF_CLOSE, REPLY, END, ERROR, CANCEL})
+KIND_NAMES = {
+    CALL: "CALL",
+    MESSAGE: "MESSAGE",
+    HALF_CLOSE: "HALF_CLOSE",
+    REPLY: "REPLY",
+    END: "END",
+    ERROR: "ERROR",
+    CANCEL: "CANCEL",
+}
+
+HAS_MESSAGE = 0x01
+
+RECV_BUFFER_BYTES = 256 * 1024
+
+
+class ProtocolViolation(Exception):
+    """The peer sent something that is not a valid frame: the connection must close."""
+
+
+def pack(
+    kind: int,
+    flags: int,
+    method_id: int,
+    request_id: int,
+    timeout_ms: int,
+    body: bytes,
+    payload_len: int = 0,
+) -> bytes:
+    """Header plus body as one bytes object (one ``write`` for a small frame)."""
+    return (
+        HEADER.pack(kind, flags, 0, method_id, request_id, timeout_ms, len(body), payload_len)
+        + body
+    )
+
+
+class FrameReceiver(asyncio.BufferedProtocol):
+    """Parses frames out of the byte stream; subclasses handle them.
+
+    Subclasses implement :meth:`frame_received` and may override
+    :meth:`payload_buffer` (where a payload of a frame goes) and
+    :meth:`violation` (what to do with a malformed stream).
+    """
+
+    max_body: int = 256 << 20
+    max_payload: int = 64 << 20
+    expect_preface: bool = False
+
+    def __init__(self) -> None:
+        self._buf = bytearray(RECV_BUFFER_BYTES)
+        self._view = memoryview(self._buf)
+        self._start = 0
+        self._end = 0
+        # a body or payload received outside the shared buffer
+        self._direct: memoryview | None = None
+        self._direct_pos = 0
+        self._held: tuple[int, int, int, int, int, int] | None = None  # header of that frame
+        self._held_body: bytes | memoryview = b""
+        self._held_payload: memoryview | None = None
+        self._preface_needed = self.expect_preface
+        self._broken = False
+        # set by a subclass that has stopped reading (flow control): frames
+        # already buffered wait too, until it calls resume_parsing()
+        self._parse_paused = False
+        self._corked: list[Any] | None = None
+        self._cork_transport: Any = None
+
+    # -- sending ---------------------------------------------------------------
+
+    def write_frame(self, transport: Any, *bufs: Any) -> None:
+        """Send one frame's buffers, coalescing the frames of one loop turn.
+
+        The first frame of a turn is written at once (no added latency for a
+        lone call); frames sent later in the same turn are gathered and written
+        with one ``writelines`` at its end: with many calls in flight that is
+        one send syscall for a burst of answers instead of one per answer.
+        """
+        if self._corked is None:
+            if len(bufs) == 1:
+                transport.write(bufs[0])
+            else:
+                transport.writelines(bufs)
+            self._corked = []
+            self._cork_transport = transport
+            asyncio.get_running_loop().call_soon(self._uncork)
+        else:
+            self._corked.extend(bufs)
+
+    def _uncork(self) -> None:
+        out, self._corked = self._corked, None
+        t, self._cork_transport = self._cork_transport, None
+        if out and t is not None and not t.is_closing():
+            t.writelines(out)
+
+    # -- what subclasses provide --------------------------------------------------
+
+    def frame_received(
+        self,
+        kind: int,
+        flags: int,
+        method_id: int,
+        request_id: int,
+        timeout_ms: int,
+        body: bytes | memoryview,
+        payload: memoryview | None,
+    ) -> None:
+        raise NotImplementedError
+
+    def payload_buffer(self, kind: int, request_id: int, length: int) -> memoryview:
+        """Where the ``length`` payload bytes of this frame go (default: a new buffer)."""
+        return memoryview(bytearray(length))
+
+    def preface_received(self, preface: bytes) -> bool:
+        """The first 8 bytes of a server-side connection; False: stop parsing."""
+        if preface != PREFACE:
+            raise ProtocolViolation(f"not an fs3 native connection (starts with {preface!r})")
+        return True
+
+    def violation(self, message: str) -> None:
+        raise NotImplementedError
+
+    # -- asyncio.BufferedProtocol ------------------------------------------------
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._direct is not None:
+            return self._direct[self._direct_pos :]
+        if self._end == len(self._buf):
+            # only the head of one partial frame can be left: move it to the front
+            n = self._end - self._start
+            self._buf[:n] = self._buf[self._start : self._end]
+            self._start, self._end = 0, n
+        return self._view[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._broken:
+            return
+        try:
+            if self._direct is not None:
+                self._direct_pos += nbytes
+                if self._direct_pos < len(self._direct):
+                    return
+                self._direct_done()
+            else:
+                self._end += nbytes
+            self._parse()
+        except ProtocolViolation as e:
+            self._broken = True
+            self.violation(str(e))
+
+    # -- parsing ---------------------------------------------------------------
+
+    def resume_parsing(self) -> None:
+        """Parse frames that arrived while parsing was paused."""
+        self._parse_paused = False
+        if self._broken or self._direct is not None:
+            return
+        try:
+            self._parse()
+        except ProtocolViolation as e:
+            self._broken = True
+            self.violation(str(e))
+
+    def _parse(self) -> None:
+        buf = self._buf
+        while self._direct is None and not self._broken and not self._parse_paused:
+            start, end = self._start, self._end
+            avail = end - start
+            if self._preface_needed:
+                if avail < len(PREFACE):
+                    break
+                self._preface_needed = False
+                self._start = start + len(PREFACE)
+                if not self.preface_received(bytes(buf[start : start + len(PREFACE)])):
+                    return
+                continue
+            if avail < HEADER_SIZE:
+                break
+            kind, flags, _res, mid, rid, tmo, blen, plen = HEADER.unpack_from(buf, start)
+            if kind not in KINDS:
+                raise ProtocolViolation(f"bad frame kind {kind}")
+            if blen > self.max_body:
+                raise ProtocolViolation(
+                    f"frame body of {blen} bytes exceeds the maximum {self.max_body}"
+                )
+            if plen > self.max_payload:
+                raise ProtocolViolation(
+                    f"frame payload of {plen} bytes exceeds the maximum {self.max_payload}"
+                )
+            head = (kind, flags, mid, rid, tmo, plen)
+            body_end = start + HEADER_SIZE + blen
+            if body_end > end:
+                if HEADER_SIZE + blen <= len(buf):
+                    break  # the rest of the body comes into the shared buffer
+                # a body larger than the receive buffer: its own buffer of the checked size
+                body = bytearray(blen)
+                have = end - start - HEADER_SIZE
+                body[:have] = buf[start + HEADER_SIZE : end]
+                self._start = self._end = 0
+                self._held = head
+                self._direct = memoryview(body)
+                self._direct_pos = have
+                self._held_body = b""
+                self._held_payload = None
+                return
+            body_bytes = bytes(buf[start + HEADER_SIZE : body_end])
+            self._start = body_end
+            if plen:
+                self._begin_payload(head, body_bytes)
+                continue
+            if self._start == self._end:
+                self._start = self._end = 0
+            self.frame_received(kind, flags, mid, rid, tmo, body_bytes, None)
+        if self._start == self._end and self._direct is None:
+            self._start = self._end = 0
+
+    def _begin_payload(
+        self, head: tuple[int, int, int, int, int, int], body: bytes | memoryview
+    ) -> None:
+        kind, flags, mid, rid, tmo, plen = head
+        dest = self.payload_buffer(kind, rid, plen)
+        have = min(self._end - self._start, plen)
+        if have:
+            dest[:have] = self._buf[self._start : self._start + have]
+            self._start += have
+        if have == plen:
+            self.frame_received(kind, flags, mid, rid, tmo, body, dest)
+            return
+        self._start = self._end = 0
+        self._held = head
+        self._held_body = body
+        self._held_payload = dest
+        self._direct = dest
+        self._direct_pos = have
+
+    def _direct_done(self) -> None:
+        head = self._held
+        assert head is not None and self._direct is not None
+        kind, flags, mid, rid, tmo, plen = head
+        done, self._direct = self._direct, None
+        if self._held_payload is None:
+            # the large body is complete; a payload may follow
+            body: bytes | memoryview = done
+            if plen:
+                self._begin_payload(head, body)
+                return
+            self._held = None
+            self.frame_received(kind, flags, mid, rid, tmo, body, None)
+            return
+        body = self._held_body
+        self._held = None
+        self._held_payload = None
+        self._held_body = b""
+        self.frame_received(kind, flags, mid, rid, tmo, body, done)
+
+
+def describe_peer(transport: Any) -> str:
+    """``host:port`` or the socket path of a connection's peer, for log lines."""
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    if peer:
+        return str(peer)
+    sock = transport.get_extra_info("sockname") if transport is not None else None
+    return f"unix:{sock}" if sock else "unknown peer"
