@@ -720,16 +720,7 @@ class LocalCluster:
                 ports = [int(cfg["node"]["port"]), int(cfg["metrics"]["port"])]
                 if role == "storage":
                     ports.append(int(cfg["transport"]["tcp_port"]))
-                rec = ProcRecord(
-                    name=name,
-                    role=role,
-                    command=service_command(role, str(p.config(name))),
-                    log=str(p.log(name)),
-                    config=str(p.config(name)),
-                    address=f"127.0.0.1:{ports[0]}",
-                    ports=ports,
-                    node_id=int(cfg["node"]["id"]),
-                )
+                rec = self._record(name, role, ports, int(cfg["node"]["id"]))
                 rec.pid, rec.start_ticks = _find_process(rec.command)
                 recs.append(rec)
             storage_cfg = next(c[4] for c in confs if c[3] == "storage")
@@ -829,21 +820,11 @@ class LocalCluster:
         mgmtd_ports: dict[str, int] = {}
         recs: list[ProcRecord] = []
         for name, role, i in names:
-            grpc_port, metrics_port = next(it), next(it)
-            rec = ProcRecord(
-                name=name,
-                role=role,
-                command=service_command(role, str(p.config(name))),
-                log=str(p.log(name)),
-                config=str(p.config(name)),
-                address=f"127.0.0.1:{grpc_port}",
-                ports=[grpc_port, metrics_port],
-                node_id=NODE_ID_BASE[role] + i,
-            )
-            if role == "storage":
-                rec.ports.append(next(it))
+            # grpc, metrics (and the storage data port)
+            own = [next(it) for _ in range(3 if role == "storage" else 2)]
+            rec = self._record(name, role, own, NODE_ID_BASE[role] + i)
             if role == "mgmtd":
-                mgmtd_ports[name] = grpc_port
+                mgmtd_ports[name] = own[0]
             recs.append(rec)
         cluster_file = fs3config.ClusterFile(
             cluster_id, tuple(f"127.0.0.1:{mgmtd_ports[n]}" for n in mgmtd_ports)
@@ -855,6 +836,19 @@ class LocalCluster:
             cluster_file=str(p.cluster_file),
             created_at=time.time(),
         ), cluster_file
+
+    def _record(self, name: str, role: str, ports: list[int], node_id: int) -> ProcRecord:
+        """A process's record: its command, log and config paths follow from its name."""
+        return ProcRecord(
+            name=name,
+            role=role,
+            command=service_command(role, str(self.paths.config(name))),
+            log=str(self.paths.log(name)),
+            config=str(self.paths.config(name)),
+            address=f"127.0.0.1:{ports[0]}",
+            ports=ports,
+            node_id=node_id,
+        )
 
     def _write_configs(self, st: ClusterState) -> None:
         spec, p = st.spec, self.paths

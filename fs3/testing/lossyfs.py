@@ -888,6 +888,15 @@ def send(control: str, command: str, timeout_s: float = 120.0) -> dict[str, Any]
     return reply
 
 
+def skip_reason() -> str | None:
+    """Why a lossy mount cannot be made here (tests skip with it), or None."""
+    if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
+        return "needs /dev/fuse and fusermount3"
+    if os.geteuid() != 0:
+        return "needs root (allow_other, and the fs3 processes on it run as root)"
+    return None
+
+
 def _is_mounted(path: str) -> bool:
     p = os.path.realpath(path)
     with open("/proc/self/mountinfo") as f:

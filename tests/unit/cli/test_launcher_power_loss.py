@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -22,14 +21,11 @@ import pytest
 from fs3 import config
 from fs3.cli.cluster import ClusterSpec, LauncherError, LocalCluster
 from fs3.durable import makedirs_durably, write_durably
-from fs3.testing.lossyfs import LossyMount, lossy_dir
+from fs3.testing.lossyfs import LossyMount, lossy_dir, skip_reason
 
 pytestmark = [
     pytest.mark.fuse,
-    pytest.mark.skipif(
-        not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None or os.geteuid() != 0,
-        reason="needs /dev/fuse, fusermount3 and root",
-    ),
+    pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason())),
     pytest.mark.timeout(60),
 ]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -20,14 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from fs3.testing.lossyfs import PAGE, LossyMount, lossy_dir
+from fs3.testing.lossyfs import PAGE, LossyMount, lossy_dir, skip_reason
 
 pytestmark = [
     pytest.mark.fuse,
-    pytest.mark.skipif(
-        not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None or os.geteuid() != 0,
-        reason="needs /dev/fuse, fusermount3 and root",
-    ),
+    pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason())),
     pytest.mark.timeout(60),
 ]
 
