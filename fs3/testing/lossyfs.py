@@ -111,6 +111,9 @@ class LossyFs:
         self.grave_dir = self.state / "graveyard"
         self.grave_dir.mkdir(parents=True, exist_ok=True)
         self.crashes = 0
+        # never reused, not even across cuts: a dead process's late release or page write-back
+        # names a handle of the old tree and must not hit a new file
+        self._next_fh = 1
         self._reset()
 
     def _reset(self) -> None:
@@ -118,7 +121,6 @@ class LossyFs:
         self.by_ino: dict[int, int] = {}
         self.handles: dict[int, Handle] = {}
         self._next_id = ROOT_ID + 1
-        self._next_fh = 1
         st = os.lstat(self.backing)
         self.nodes[ROOT_ID] = Node(ROOT_ID, "d", st.st_ino)
         self.by_ino[st.st_ino] = ROOT_ID
