@@ -327,8 +327,7 @@ def fsck(args: argparse.Namespace) -> int:
     """Check the namespace invariants in the KV at ``args.kv``; 0 clean, 1 broken."""
     from dataclasses import asdict
 
-    from fs3.kv import open_database
-    from fs3.meta.fsck import check_namespace
+    from fs3.meta.fsck import check_kv
 
     url = args.kv
     if url.startswith("sqlite://"):
@@ -336,13 +335,7 @@ def fsck(args: argparse.Namespace) -> int:
         if not os.path.isfile(path):  # opening would create an empty KV and call it clean
             print(f"fs3 admin fsck: no SQLite KV at {path}", file=sys.stderr)
             return 2
-    db = open_database(url)
-    try:
-        rep = check_namespace(db)
-    finally:
-        close = getattr(db, "close", None)
-        if close is not None:
-            close()
+    rep = check_kv(url)
     data = {**asdict(rep), "ok": rep.ok}
     verdict = "clean" if rep.ok else f"{len(rep.problems)} broken invariants"
     _emit(args, data, f"fsck of {url}: {verdict}\n{rep}")

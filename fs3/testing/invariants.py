@@ -176,17 +176,9 @@ def _pending_chunks(pc: ProcessCluster, s: dict[str, Any]) -> dict[int, set[tupl
 
 def check_meta(pc: ProcessCluster) -> list[str]:
     """Namespace invariants (fs3.meta.fsck) over the cluster's KV."""
-    from fs3.kv import open_database
-    from fs3.meta.fsck import check_namespace
+    from fs3.meta.fsck import check_kv
 
-    db = open_database(f"sqlite://{pc.dir / 'kv' / 'kv.db'}")
-    try:
-        rep = check_namespace(db)
-    finally:
-        close = getattr(db, "close", None)
-        if close is not None:
-            close()
-    return list(rep.problems)
+    return list(check_kv(f"sqlite://{pc.dir / 'kv' / 'kv.db'}").problems)
 
 
 def wait_replicas_identical(pc: ProcessCluster, timeout_s: float) -> list[str]:
