@@ -111,8 +111,8 @@ def test_state_and_configs_both_gone_point_to_a_way_out(tmp_path: Path) -> None:
     assert not root.exists()
 
 
-def test_cli_up_on_a_cluster_dir_with_a_damaged_state_file_is_not_refused(tmp_path: Path) -> None:
-    """`fs3 cluster status` (which only reads) still answers on a damaged state file."""
+def test_cli_status_on_a_damaged_state_file_rebuilds_it(tmp_path: Path) -> None:
+    """`fs3 cluster status` answers on a damaged state file instead of refusing the directory."""
     root = tmp_path / "cluster"
     lc = LocalCluster(root, out=lambda s: None)
     with lc._locked(create=True):
