@@ -253,6 +253,16 @@ def _no_space(what: str) -> FsError:
     return FsError(Code.NO_SPACE, f"no space left on device: {what}", retryable=False)
 
 
+def _superseded(key: ChunkKey) -> FsError:
+    """A commit whose staged update another stage replaced meanwhile (a resync's full-chunk
+    write racing a forwarded update on a syncing target): retryable, and not a disk error,
+    which would take the whole target offline until restart."""
+    return FsError(
+        Code.CHUNK_BUSY,
+        f"chunk {key}: commit of an update that is no longer staged (replaced by a newer stage)",
+    )
+
+
 def _os_error(e: OSError, what: str) -> FsError:
     if e.errno in (_errno.ENOSPC, _errno.EDQUOT):
         return _no_space(what)
@@ -788,10 +798,7 @@ class FileChunkEngine(ChunkEngine):
         unlink: builtins.list[str] = []
         with self._lock:
             if self._pending.get(pending.key) is not pending:
-                raise FsError(
-                    Code.INTERNAL,
-                    f"chunk {pending.key}: commit of an update that is no longer staged",
-                )
+                raise _superseded(pending.key)
             self._publish(req, unlink)
         return req.meta, unlink
 
@@ -859,10 +866,7 @@ class FileChunkEngine(ChunkEngine):
         with self._lock:
             for r in batch:
                 if self._pending.get(r.pending.key) is not r.pending:
-                    raise FsError(
-                        Code.INTERNAL,
-                        f"chunk {r.pending.key}: commit of an update that is no longer staged",
-                    )
+                    raise _superseded(r.pending.key)
             try:
                 self._db.execute("BEGIN")
                 for r in batch:
