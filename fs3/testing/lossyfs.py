@@ -296,7 +296,10 @@ class LossyFs:
         if not existed:
             n.durable_size = 0  # a new file: nothing of it is durable yet
             n.undo = []
-        return self._handle(n, fd, flags), n
+        h = self._handle(n, fd, flags)
+        if existed and flags & os.O_TRUNC:
+            self.truncate(n, fd, 0, sync=h.sync)
+        return h, n
 
     def mknod(self, parent: int, name: str, mode: int, rdev: int) -> Node:
         self.dir_changing(parent)

@@ -362,3 +362,17 @@ def test_backing_directory_holds_exactly_what_survived(tmp_path: Path) -> None:
         write_file(mp(mnt, "g"), b"2")
         mnt.crash()
     assert sorted(os.listdir(tmp_path / "b")) == ["f"]
+
+
+def test_create_with_o_trunc_over_an_existing_file_rolls_back(tmp_path: Path) -> None:
+    """The model without FUSE: the kernel may send CREATE for a name that exists by then."""
+    from fs3.testing.lossyfs import ROOT_ID, LossyFs
+
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "f").write_bytes(b"durable")
+    fs = LossyFs(tmp_path / "b", tmp_path / "state")
+    h, _n = fs.create(ROOT_ID, "f", 0o644, os.O_WRONLY | os.O_TRUNC)
+    assert (tmp_path / "b" / "f").read_bytes() == b""
+    fs.write(h.fh, 0, b"new")
+    fs.crash()
+    assert (tmp_path / "b" / "f").read_bytes() == b"durable"
