@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from fs3 import config as fs3config
+from fs3.durable import makedirs_durably, write_durably
 from fs3.errors import Code, FsError
 from fs3.mounts import mount_fstype, mount_state
 
@@ -318,6 +319,19 @@ def _cmdline(pid: int) -> list[str] | None:
     if parts and parts[-1] == b"":
         parts.pop()
     return [p.decode(errors="surrogateescape") for p in parts]
+
+
+def _find_process(command: list[str]) -> tuple[int, int]:
+    """(pid, start ticks) of a running process with exactly this command line, or (0, 0)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if _cmdline(pid) == command:
+            st = _proc_stat(pid)
+            if st is not None and st[0] not in ("Z", "X", "x"):
+                return pid, st[1]
+    return 0, 0
 
 
 def is_alive(rec: ProcRecord) -> bool:
@@ -648,26 +662,130 @@ class LocalCluster:
     # ----------------------------------------------------------------- state
 
     def load_state(self) -> ClusterState | None:
+        """The recorded state; a damaged ``state.json`` is rebuilt from ``conf/`` (see
+        :meth:`_recover_state`) and the damaged file kept beside it."""
         try:
             data = json.loads(self.paths.state.read_text())
+            return ClusterState.from_json(data)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            damage = f"{self.paths.state} is damaged ({e})"
+        try:
+            st = self._recover_state()
+        except LauncherError as e:
             raise LauncherError(
-                f"{self.paths.state} is unreadable ({e}); remove it or use another --dir"
+                f"{damage}, and the cluster cannot be rebuilt from {self.paths.conf}: {e.message}. "
+                f"Stop whatever still runs from it and remove it with "
+                f"`fs3 cluster down --dir {self.paths.root} --wipe` (data included), or use another --dir"
             ) from None
-        return ClusterState.from_json(data)
+        kept = self.paths.state.with_name(f"state.json.damaged-{int(time.time())}")
+        with contextlib.suppress(OSError):
+            os.replace(self.paths.state, kept)
+        self._save_state(st)
+        running = [r.name for r in st.processes if r.pid]
+        self.out(
+            f"fs3 cluster: {damage}; rebuilt it from the configs in {self.paths.conf} "
+            f"(damaged file kept as {kept.name}"
+            + (f"; still running: {', '.join(running)}" if running else "")
+            + ")"
+        )
+        return st
 
     def _save_state(self, st: ClusterState) -> None:
-        tmp = self.paths.state.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(st.to_json(), indent=2) + "\n")
-        os.replace(tmp, self.paths.state)
+        write_durably(self.paths.state, json.dumps(st.to_json(), indent=2) + "\n")
+
+    def _recover_state(self) -> ClusterState:
+        """The cluster's state rebuilt from ``conf/<name>.toml`` (written once, at creation).
+
+        Every static field of a process (command, ports, node id, paths) is in its
+        config; the pid of a process still running is found by its exact command
+        line. The spec's ``replicas`` is only used to create the first chain
+        table, which a cluster with data already has.
+        """
+        p = self.paths
+        order = {role: i for i, role in enumerate(NODE_ID_BASE)}
+        confs: list[tuple[int, int, str, str, dict[str, Any]]] = []
+        for path in sorted(p.conf.glob("*.toml")) if p.conf.is_dir() else []:
+            role, _, idx = path.stem.partition("-")
+            if role not in NODE_ID_BASE or not idx.isdigit():
+                continue
+            try:
+                confs.append(
+                    (order[role], int(idx), path.stem, role, tomllib.loads(path.read_text()))
+                )
+            except (OSError, ValueError) as e:
+                raise LauncherError(f"{path} is unreadable ({e})") from None
+        confs.sort()
+        counts = {role: sum(1 for c in confs if c[3] == role) for role in NODE_ID_BASE}
+        if not counts["mgmtd"] or not counts["storage"]:
+            raise LauncherError(f"no mgmtd or storage config in {p.conf}")
+        recs: list[ProcRecord] = []
+        try:
+            cluster_id = str(confs[0][4]["cluster"]["id"])
+            for _, _, name, role, cfg in confs:
+                ports = [int(cfg["node"]["port"]), int(cfg["metrics"]["port"])]
+                if role == "storage":
+                    ports.append(int(cfg["transport"]["tcp_port"]))
+                rec = self._record(name, role, ports, int(cfg["node"]["id"]))
+                rec.pid, rec.start_ticks = _find_process(rec.command)
+                recs.append(rec)
+            storage_cfg = next(c[4] for c in confs if c[3] == "storage")
+            kv_url = str(next(c[4] for c in confs if c[3] == "mgmtd")["kv"]["url"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise LauncherError(
+                f"a config in {p.conf} lacks a key the launcher writes ({e})"
+            ) from None
+        spec = ClusterSpec(
+            storage_nodes=counts["storage"],
+            targets_per_node=len(storage_cfg["storage"]["targets"]),
+            replicas=min(ClusterSpec.replicas, counts["storage"]),
+            meta=counts["meta"],
+            mgmtd=counts["mgmtd"],
+            kv="fdb" if kv_url.startswith("fdb://") else "sqlite",
+            transport=str(storage_cfg["transport"]["kind"]),
+        )
+        if spec.kv == "fdb":
+            spec.fdb_cluster_file = kv_url.removeprefix("fdb://")
+        fuse_conf = p.config("fuse")
+        if fuse_conf.is_file():
+            with contextlib.suppress(OSError, ValueError):
+                fuse = tomllib.loads(fuse_conf.read_text())
+                spec.overrides["fuse"] = {k: v for k, v in fuse.items() if k != "cluster"}
+        return ClusterState(
+            cluster_id=cluster_id,
+            spec=spec,
+            processes=recs,
+            cluster_file=str(p.cluster_file),
+            created_at=p.conf.stat().st_mtime,
+        )
+
+    def _repair_cluster_file(self, st: ClusterState) -> None:
+        """Rewrite the cluster file from the state if it is missing or damaged."""
+        try:
+            fs3config.read_cluster_file(st.cluster_file)
+            return
+        except (OSError, FsError, ValueError) as e:
+            damage = str(e)
+        addrs = tuple(r.address for r in st.by_role("mgmtd"))
+        write_durably(st.cluster_file, fs3config.ClusterFile(st.cluster_id, addrs).render())
+        self._say(f"rewrote the damaged cluster file {st.cluster_file} ({damage})")
+
+    def _create(self, spec: ClusterSpec) -> ClusterState:
+        """Lay out a new cluster: configs, cluster file and state, each durable before the next."""
+        cid = f"local-{secrets.token_hex(4)}"
+        st, cf = self._layout(spec, cid)
+        self._check_ports(st)
+        self._write_configs(st)
+        write_durably(self.paths.cluster_file, cf.render())
+        self._save_state(st)
+        return st
 
     @contextlib.contextmanager
     def _locked(self, create: bool = False) -> Iterator[None]:
         """One mutating command per DIR at a time (up while down is running would be chaos)."""
         if create:
-            self.paths.root.mkdir(parents=True, exist_ok=True)
+            makedirs_durably(self.paths.root)
         elif not self.paths.root.is_dir():
             raise LauncherError(f"no cluster in {self.paths.root} (the directory does not exist)")
         fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
@@ -709,21 +827,11 @@ class LocalCluster:
         mgmtd_ports: dict[str, int] = {}
         recs: list[ProcRecord] = []
         for name, role, i in names:
-            grpc_port, metrics_port = next(it), next(it)
-            rec = ProcRecord(
-                name=name,
-                role=role,
-                command=service_command(role, str(p.config(name))),
-                log=str(p.log(name)),
-                config=str(p.config(name)),
-                address=f"127.0.0.1:{grpc_port}",
-                ports=[grpc_port, metrics_port],
-                node_id=NODE_ID_BASE[role] + i,
-            )
-            if role == "storage":
-                rec.ports.append(next(it))
+            # grpc, metrics (and the storage data port)
+            own = [next(it) for _ in range(3 if role == "storage" else 2)]
+            rec = self._record(name, role, own, NODE_ID_BASE[role] + i)
             if role == "mgmtd":
-                mgmtd_ports[name] = grpc_port
+                mgmtd_ports[name] = own[0]
             recs.append(rec)
         cluster_file = fs3config.ClusterFile(
             cluster_id, tuple(f"127.0.0.1:{mgmtd_ports[n]}" for n in mgmtd_ports)
@@ -736,6 +844,19 @@ class LocalCluster:
             created_at=time.time(),
         ), cluster_file
 
+    def _record(self, name: str, role: str, ports: list[int], node_id: int) -> ProcRecord:
+        """A process's record: its command, log and config paths follow from its name."""
+        return ProcRecord(
+            name=name,
+            role=role,
+            command=service_command(role, str(self.paths.config(name))),
+            log=str(self.paths.log(name)),
+            config=str(self.paths.config(name)),
+            address=f"127.0.0.1:{ports[0]}",
+            ports=ports,
+            node_id=node_id,
+        )
+
     def _write_configs(self, st: ClusterState) -> None:
         spec, p = st.spec, self.paths
         kv_url = (
@@ -744,7 +865,7 @@ class LocalCluster:
             else f"fdb://{os.path.abspath(spec.fdb_cluster_file)}"
         )
         for d in (p.conf, p.logs, p.data, p.kv):
-            d.mkdir(parents=True, exist_ok=True)
+            makedirs_durably(d)
         for rec in st.processes:
             settings: dict[str, dict[str, Any]] = {
                 "node": {"id": rec.node_id, "host": "127.0.0.1", "port": rec.ports[0]},
@@ -762,7 +883,7 @@ class LocalCluster:
                 node_dir = p.data / rec.name
                 targets = [str(node_dir / f"t{j}") for j in range(1, spec.targets_per_node + 1)]
                 for t in targets:
-                    Path(t).mkdir(parents=True, exist_ok=True)
+                    makedirs_durably(t)
                 settings["node"]["data_dir"] = str(node_dir)
                 settings["storage"] = {
                     "targets": targets,
@@ -772,7 +893,7 @@ class LocalCluster:
             optional = _merge(LOCAL_SETTINGS.get(rec.role, {}), {"node": {"name": rec.name}})
             final = _merge(settings, spec.overrides.get(rec.role, {}))
             text = render_config(rec.role, final, optional, rec.config)
-            Path(rec.config).write_text(text)
+            write_durably(rec.config, text)
 
     def _fuse_record(self, st: ClusterState, mountpoint: str) -> ProcRecord:
         """The FUSE daemon's record and config (a client config: cluster, transport, timings)."""
@@ -786,7 +907,7 @@ class LocalCluster:
             },
             st.spec.overrides.get("fuse", {}),
         )
-        Path(path).write_text(render_config("fuse", settings, LOCAL_SETTINGS["fuse"], path))
+        write_durably(path, render_config("fuse", settings, LOCAL_SETTINGS["fuse"], path))
         return ProcRecord(
             name="fuse",
             role="fuse",
@@ -965,14 +1086,13 @@ class LocalCluster:
                 st.mountpoint = ""
                 st.processes = [r for r in st.processes if r.role != "fuse"]
                 self._check_ports(st)
+                self._repair_cluster_file(st)
                 self._say(f"restarting the existing cluster {st.cluster_id} from {self.paths.root}")
             else:
-                cid = f"local-{secrets.token_hex(4)}"
-                st, cf = self._layout(spec, cid)
-                self._check_ports(st)
-                self._write_configs(st)
-                self.paths.cluster_file.write_text(cf.render())
-                self._say(f"new cluster {cid} in {self.paths.root} (configs in {self.paths.conf})")
+                st = self._create(spec)
+                self._say(
+                    f"new cluster {st.cluster_id} in {self.paths.root} (configs in {self.paths.conf})"
+                )
             try:
                 self._bring_up(st, mount, timeout_s)
             except BaseException as e:
@@ -1264,7 +1384,13 @@ class LocalCluster:
             self._say(f"no cluster in {self.paths.root}; nothing to stop")
             return
         with self._locked():
-            st = self.load_state()
+            try:
+                st = self.load_state()
+            except LauncherError:
+                if not wipe:
+                    raise
+                st = None
+                self._stop_unrecorded()
             if st is None:
                 self._say(f"no cluster recorded in {self.paths.root}; nothing to stop")
             else:
@@ -1302,11 +1428,28 @@ class LocalCluster:
             with contextlib.suppress(OSError):
                 self.paths.root.rmdir()
 
+    def _stop_unrecorded(self) -> None:
+        """Stop every process started from a config under ``conf/`` (state unusable: no pids)."""
+        prefix = str(self.paths.conf) + os.sep
+        recs: list[ProcRecord] = []
+        for entry in Path("/proc").iterdir():
+            cmd = _cmdline(int(entry.name)) if entry.name.isdigit() else None
+            if cmd and any(a.startswith(prefix) for a in cmd):
+                st = _proc_stat(int(entry.name))
+                if st is not None:
+                    recs.append(
+                        ProcRecord(entry.name, "", cmd, "", pid=int(entry.name), start_ticks=st[1])
+                    )
+        if recs:
+            stop_processes(recs, self.grace_s)
+            self._say(f"stopped {len(recs)} processes started from {self.paths.conf}")
+
     def _wipe(self) -> None:
         p = self.paths
         for d in (p.data, p.kv, p.conf, p.logs):
             shutil.rmtree(d, ignore_errors=True)
-        for f in (p.state, p.cluster_file, p.state.with_suffix(".json.tmp")):
+        leftovers = [*p.root.glob("state.json.damaged-*"), *p.root.glob(".*.tmp")]
+        for f in (p.state, p.cluster_file, *leftovers):
             with contextlib.suppress(FileNotFoundError):
                 f.unlink()
         self._say(f"wiped {p.root}")

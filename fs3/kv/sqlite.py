@@ -42,6 +42,7 @@ from collections.abc import Generator, Iterator
 from urllib.parse import parse_qsl
 
 from fs3 import faults
+from fs3.durable import makedirs_durably
 from fs3.errors import Code, FsError
 from fs3.kv.database import BufferedWritesTransaction, Database, KeyValue, Transaction, key_after
 
@@ -159,7 +160,9 @@ class SqliteDatabase(Database):
         self._closed = False
         parent = os.path.dirname(os.path.abspath(path))
         try:
-            os.makedirs(parent, exist_ok=True)
+            # durably: SQLite fsyncs the directory when the WAL first appears (which makes
+            # the database file's own entry durable too), but not the levels above it
+            makedirs_durably(parent)
         except OSError as e:
             raise FsError(
                 Code.KV_UNAVAILABLE,

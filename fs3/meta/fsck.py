@@ -191,3 +191,16 @@ def check_namespace(db: Database, *, max_problems: int = 1000) -> FsckReport:
         if ino in inodes:
             bad(f"GC entry for inode {ino} that still exists")
     return rep
+
+
+def check_kv(url: str) -> FsckReport:
+    """:func:`check_namespace` over the KV at ``url`` (opened for this check, then closed)."""
+    from fs3.kv import open_database
+
+    db = open_database(url)
+    try:
+        return check_namespace(db)
+    finally:
+        close = getattr(db, "close", None)
+        if close is not None:
+            close()

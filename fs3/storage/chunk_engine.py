@@ -51,6 +51,7 @@ from typing import NoReturn
 
 import crc32c as _crc32c
 
+from fs3.durable import fsync_dir, makedirs_durably
 from fs3.errors import Code, FsError, invalid
 from fs3.limits import MAX_CHUNK_SIZE
 from fs3.transport.region import buffer_address
@@ -256,6 +257,16 @@ def _no_space(what: str) -> FsError:
     return FsError(Code.NO_SPACE, f"no space left on device: {what}", retryable=False)
 
 
+def _superseded(key: ChunkKey) -> FsError:
+    """A commit whose staged update another stage replaced meanwhile (a resync's full-chunk
+    write racing a forwarded update on a syncing target): retryable, and not a disk error,
+    which would take the whole target offline until restart."""
+    return FsError(
+        Code.CHUNK_BUSY,
+        f"chunk {key}: commit of an update that is no longer staged (replaced by a newer stage)",
+    )
+
+
 def _os_error(e: OSError, what: str) -> FsError:
     if e.errno in (_errno.ENOSPC, _errno.EDQUOT):
         return _no_space(what)
@@ -291,7 +302,11 @@ class FileChunkEngine(ChunkEngine):
             raise invalid("block_size must be a power of two")
         self.root = Path(root)
         self.data_dir = self.root / "data"
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if fsync:
+            # every new level fsync'd into its parent: a power cut must not drop the target
+            makedirs_durably(self.data_dir)
+        else:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
         self._data_prefix = str(self.data_dir) + os.sep
         self.fsync = fsync
         self.block_size = block_size
@@ -379,26 +394,18 @@ class FileChunkEngine(ChunkEngine):
             if not d.is_dir():
                 d.mkdir(exist_ok=True)
                 if self.fsync:
-                    self._fsync_dir(self.data_dir)
+                    fsync_dir(self.data_dir)
             for seq in range(first, first + count):
                 rel = f"{sub}/{self._nonce}{seq:x}"
                 os.close(os.open(self._path(rel), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
                 made.append(rel)
             if self.fsync:
-                self._fsync_dir(d)
+                fsync_dir(d)
         except OSError as e:
             for rel in made:
                 self._unlink(rel)
             raise _os_error(e, f"create data files in {d}") from None
         return made
-
-    @staticmethod
-    def _fsync_dir(path: Path) -> None:
-        dfd = os.open(str(path), os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
     def spare_files(self) -> set[str]:
         """Names of the pre-created empty data files not yet handed out (tests, fsck)."""
@@ -795,10 +802,7 @@ class FileChunkEngine(ChunkEngine):
         unlink: builtins.list[str] = []
         with self._lock:
             if self._pending.get(pending.key) is not pending:
-                raise FsError(
-                    Code.INTERNAL,
-                    f"chunk {pending.key}: commit of an update that is no longer staged",
-                )
+                raise _superseded(pending.key)
             self._publish(req, unlink)
         return req.meta, unlink
 
@@ -866,10 +870,7 @@ class FileChunkEngine(ChunkEngine):
         with self._lock:
             for r in batch:
                 if self._pending.get(r.pending.key) is not r.pending:
-                    raise FsError(
-                        Code.INTERNAL,
-                        f"chunk {r.pending.key}: commit of an update that is no longer staged",
-                    )
+                    raise _superseded(r.pending.key)
             try:
                 self._db.execute("BEGIN")
                 for r in batch:

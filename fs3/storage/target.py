@@ -153,7 +153,18 @@ class TargetMap:
         return t
 
     def resolve(self, chain_id: int, target_id: int = 0) -> StorageTarget:
-        """The local target of ``chain_id`` (checked against ``target_id`` when given)."""
+        """The local target of ``chain_id`` (checked against ``target_id`` when given).
+
+        Before the first routing arrives a just-started node does not know its chains
+        yet: that is a retryable "not serving", not a definite "not in that chain"
+        (mgmtd may still publish the previous incarnation as serving, so a client can
+        reach the node within a second of its start).
+        """
+        if not self.routing.version:
+            raise FsError(
+                Code.TARGET_NOT_SERVING,
+                f"chain {chain_id}: this storage node has just started and has no routing yet",
+            )
         if target_id:
             t = self.by_id(target_id)
             if chain_id and t.chain_id != chain_id:

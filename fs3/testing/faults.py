@@ -373,8 +373,7 @@ def _setns(ns: str) -> None:
 def create_cluster_with_netns(pc: Any, links: dict[str, NetnsLink]) -> None:
     """Lay out a new :class:`~fs3.testing.cluster.ProcessCluster` with the named processes in namespaces.
 
-    Writes the configs and state the launcher would (its own ``_layout`` and
-    ``_write_configs``), sets up each link for that process's ports and records
+    Writes the configs and state the launcher would (its own ``_create``), sets up each link for that process's ports and records
     the namespaced command, so the following ``pc.start()`` starts them inside
     from the beginning (no extra restart, no extra failover).
     """
@@ -382,10 +381,7 @@ def create_cluster_with_netns(pc: Any, links: dict[str, NetnsLink]) -> None:
     if lc.load_state() is not None:
         raise RuntimeError(f"{pc.dir} already holds a cluster")
     pc.spec.validate()
-    cid = f"local-{secrets.token_hex(4)}"
-    st, cf = lc._layout(pc.spec, cid)
-    lc._write_configs(st)
-    lc.paths.cluster_file.write_text(cf.render())
+    st = lc._create(pc.spec)
     for name, link in links.items():
         rec = st.proc(name)
         if not link.created:

@@ -176,17 +176,9 @@ def _pending_chunks(pc: ProcessCluster, s: dict[str, Any]) -> dict[int, set[tupl
 
 def check_meta(pc: ProcessCluster) -> list[str]:
     """Namespace invariants (fs3.meta.fsck) over the cluster's KV."""
-    from fs3.kv import open_database
-    from fs3.meta.fsck import check_namespace
+    from fs3.meta.fsck import check_kv
 
-    db = open_database(f"sqlite://{pc.dir / 'kv' / 'kv.db'}")
-    try:
-        rep = check_namespace(db)
-    finally:
-        close = getattr(db, "close", None)
-        if close is not None:
-            close()
-    return list(rep.problems)
+    return list(check_kv(f"sqlite://{pc.dir / 'kv' / 'kv.db'}").problems)
 
 
 def wait_replicas_identical(pc: ProcessCluster, timeout_s: float) -> list[str]:
@@ -418,20 +410,25 @@ def fault_cluster(
     netns: dict[str, int] | None = None,
     small_targets: dict[int, int] | None = None,
     seed: int = 0,
+    dir: Path | None = None,
+    mountpoint: str | None = None,
 ) -> Iterator[Scenario]:
     """A started cluster for one scenario; everything is undone on exit, logs kept on failure.
 
     ``netns``: process name -> subnet index; that process runs in its own namespace
     from the start (``sc.links``). ``small_targets``: target id -> MiB; that target's
-    directory is a tmpfs of that size (``sc.small_fs``).
+    directory is a tmpfs of that size (``sc.small_fs``). ``dir``: the cluster directory
+    (default: a fresh one, removed after a clean run); ``mountpoint``: where to mount
+    (default ``<dir>/mnt``).
     """
     pc = ProcessCluster(
+        dir,
         storage_nodes=storage_nodes,
         targets_per_node=targets_per_node,
         replicas=replicas,
         meta=meta,
         mgmtd=mgmtd,
-        mount=mount,
+        mount=(mountpoint or True) if mount else False,
         overrides=_deep_merge(FAULT_OVERRIDES, overrides or {}),
         start_timeout_s=90.0,
         grace_s=3.0,

@@ -768,7 +768,9 @@ class NamespaceStorm:
                 if choice < 0.5 or len(names) < 3:
                     name = f"f{n}"
                     content = f"c{i} n{n}".encode()
-                    st.uncertain[name] = {None, content}
+                    # a create is two steps (the name, then the data and fsync): interrupted
+                    # between them it leaves an empty file, and the data was never acknowledged
+                    st.uncertain[name] = {None, b"", content}
                     try:
                         ops.create(f"{d}/{name}", content)
                     except FileExistsError:

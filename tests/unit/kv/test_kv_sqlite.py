@@ -12,6 +12,7 @@ import pytest
 from fs3.errors import Code, FsError
 from fs3.kv import open_database
 from fs3.kv.sqlite import SqliteDatabase
+from fs3.testing.lossyfs import lossy_dir, skip_reason
 
 
 @pytest.fixture
@@ -167,3 +168,19 @@ def test_bad_configuration_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(FsError) as ei:
         SqliteDatabase(str(tmp_path / "garbage.db"))
     assert ei.value.code == Code.KV_UNAVAILABLE and not ei.value.retryable
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.fuse
+@pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
+def test_committed_data_survives_a_power_cut_in_a_new_directory() -> None:
+    """Regression: the KV's parent directory was created with os.makedirs and never fsync'd
+    into its own parent, so a power cut dropped the whole database with every commit."""
+    with lossy_dir("fs3-kv-lossy-") as m:
+        path = str(m.mountpoint / "var" / "fs3" / "kv.db")
+        db = SqliteDatabase(path)
+        db.run(lambda tr: tr.set(b"k", b"acknowledged"))
+        m.crash()
+        db.close()
+        with SqliteDatabase(path) as again:
+            assert again.run(lambda tr: tr.get(b"k")) == b"acknowledged"

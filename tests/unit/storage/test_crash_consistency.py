@@ -1,5 +1,9 @@
 """Crash consistency of the chunk engine: kill -9 a writer at random points, many times.
 
+The same rounds run a second time on a lossy mount (fs3.testing.lossyfs) with a
+power cut after each kill, which also drops every unsynced write and directory
+entry: a missing fsync of a data file or of a directory then loses a commit.
+
 A child process applies a deterministic sequence of updates (version v of chunk c
 is always the same operation) and prints ``c v`` after each commit returns. The
 parent kills it with SIGKILL at a random moment, reopens the engine and checks
@@ -16,11 +20,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from fs3.storage.chunk_engine import ChunkKey, FileChunkEngine, crc32c
+from fs3.testing.lossyfs import lossy_dir, skip_reason
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -33,7 +39,7 @@ import random, sys
 from fs3.storage.chunk_engine import ChunkKey, FileChunkEngine
 sys.path.insert(0, sys.argv[2])
 from test_crash_consistency import op_for, CHUNKS, CS
-e = FileChunkEngine(sys.argv[1], fsync=True, block_size=4096)
+e = FileChunkEngine(sys.argv[1], fsync=True, block_size=4096, direct_write=sys.argv[3] == "1")
 rng = random.Random()
 while True:
     c = rng.randrange(CHUNKS)
@@ -83,15 +89,31 @@ def model(c: int, v: int) -> bytes:
 
 
 def test_kill9_never_leaves_a_mix(tmp_path: Path) -> None:
-    root = tmp_path / "target"
+    _kill_rounds(tmp_path / "target", lambda: None)
+
+
+@pytest.mark.fuse
+@pytest.mark.slow
+@pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
+@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "o_direct"])
+def test_power_cut_loses_no_acknowledged_commit(direct: bool) -> None:
+    """Regression: the target directory (and its parents) created by the engine were not
+    fsync'd into their parents, so a cut could drop the whole target."""
+    with lossy_dir("fs3-engine-lossy-") as m:
+        _kill_rounds(m.mountpoint / "node" / "target", m.crash, direct=direct, rounds=3)
+
+
+def _kill_rounds(
+    root: Path, after_kill: Callable[[], object], *, direct: bool = False, rounds: int = 10
+) -> None:
     here = str(Path(__file__).parent)
     acked: dict[int, int] = {}
     rng = random.Random(99)
     kills = 0
     cache: dict[tuple[int, int], bytes] = {}
-    for _round in range(10):
+    for _round in range(rounds):
         proc = subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(root), here],
+            [sys.executable, "-c", CHILD, str(root), here, "1" if direct else "0"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -104,6 +126,7 @@ def test_kill9_never_leaves_a_mix(tmp_path: Path) -> None:
             os.kill(proc.pid, signal.SIGKILL)
         finally:
             out, _err = proc.communicate(timeout=10)
+        after_kill()
         kills += 1
         for line in (first + out).splitlines():
             c, v = map(int, line.split())
@@ -126,4 +149,4 @@ def test_kill9_never_leaves_a_mix(tmp_path: Path) -> None:
                 assert data == want, f"chunk {c} v{got_v}: content is not that version"
         finally:
             e.close()
-    assert kills == 10 and sum(acked.values()) > 10
+    assert kills == rounds and sum(acked.values()) > rounds

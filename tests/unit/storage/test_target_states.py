@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fs3.client.routing import LASTSRV, OFFLINE, SERVING, SYNCING, WAITING, Routing
+from fs3.errors import Code, FsError
 from fs3.proto import mgmtd_pb2
 from fs3.storage.chunk_engine import FileChunkEngine
 from fs3.storage.target import L_OFFLINE, L_ONLINE, L_UPTODATE, StorageTarget, TargetMap
@@ -45,6 +46,21 @@ def test_startup_waits_until_mgmtd_sees_the_target_down(tmap: TargetMap) -> None
     assert tmap.sync_done(t) and t.local_state == L_UPTODATE
     assert not tmap.apply_routing(routing(4, 4, {201: SERVING, 101: SERVING}))
     assert t.serving and tmap.by_chain(1) is t
+
+
+def test_a_request_before_the_first_routing_is_retryable(tmap: TargetMap) -> None:
+    """Regression (found by the power-loss tier: a cut right after `fs3 cluster up`, then up
+    again): mgmtd still showed the previous incarnation serving, the launcher's check write
+    reached the new process before its first routing and got a final UNKNOWN_CHAIN."""
+    for args in ((1, 101), (1, 0)):
+        with pytest.raises(FsError) as ei:
+            tmap.resolve(*args)
+        assert ei.value.code == Code.TARGET_NOT_SERVING and ei.value.retryable
+    tmap.apply_routing(routing(1, 1, {101: SERVING}))
+    assert tmap.resolve(1, 101) is tmap.targets[101]
+    with pytest.raises(FsError) as ei:
+        tmap.resolve(2, 101)  # with routing: a definite answer
+    assert ei.value.code == Code.UNKNOWN_CHAIN
 
 
 def test_online_plus_serving_becomes_uptodate(tmap: TargetMap) -> None:

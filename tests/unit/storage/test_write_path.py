@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from fs3.errors import Code, FsError
 from fs3.storage.chunk_engine import ChunkKey, FileChunkEngine, crc32c
 
 pytestmark = pytest.mark.timeout(30)
@@ -114,6 +115,33 @@ def test_restage_replaces_a_prepared_update(tmp_path: Path) -> None:
         assert e2.read(k, 0, CS)[1] == b"3" * 10
     finally:
         e2.close()
+
+
+@pytest.mark.parametrize("prepared", [False, True])
+def test_commit_of_a_superseded_stage_is_retryable_not_a_disk_error(
+    tmp_path: Path, prepared: bool
+) -> None:
+    """Regression (found by the power-loss tier): on a syncing target a resync's full-chunk
+    write replaced the staged update of a forwarded write; that write's commit then failed
+    with INTERNAL/EIO, which the replication layer takes for a disk error, and the whole
+    target went offline until restart."""
+    e = _engine(tmp_path)
+    k = ChunkKey(5, 0)
+    e.commit(e.stage_write(k, 0, b"1" * 10, update_ver=1, chain_ver=1, chunk_size=CS))
+    p = e.stage_write(k, 0, b"2" * 10, update_ver=2, chain_ver=1, chunk_size=CS)
+    if prepared:
+        e.prepare(p, 1)
+    newer = e.stage_write(
+        k, 0, b"3" * 20, update_ver=2, chain_ver=1, chunk_size=CS, replace_all=True
+    )
+    with pytest.raises(FsError) as ei:
+        if prepared:
+            e.publish_prepared(p, 1)
+        else:
+            e.commit(p)
+    assert ei.value.code == Code.CHUNK_BUSY and ei.value.retryable, ei.value
+    assert e.commit(newer) is not None and e.read(k, 0, CS)[1] == b"3" * 20
+    e.close()
 
 
 def _has_o_direct(d: Path) -> bool:
