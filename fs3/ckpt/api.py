@@ -754,7 +754,7 @@ def _load_whole_file(
     """A full checkpoint of one rank read as one sequential transfer into one buffer.
 
     The tensors are views of that buffer at their file offsets, so the read
-    needs no per-tensor I/Os and no copies. None if the level is not a plain
+    needs no per-tensor I/Os. None if the level is not a plain
     full checkpoint (then the general path runs).
     """
     pieces = [IndexEntry.from_json(j) for j in idx["pieces"]]
@@ -771,11 +771,11 @@ def _load_whole_file(
         return None
     size = int(idx["data_bytes"])
     rel = f"{layout.step_dir(idx['step'])}/{idx['data']}"
-    big, done = store.alloc_detached(size)
-    try:
-        _read_checked(store, rel, big, sorted(by.values(), key=lambda e: e.offset))
-    finally:
-        done()
+    # Plain process memory, not registered shared memory: a fresh USRBIO buffer would
+    # take its page faults in the FUSE agent, which also serves the reads; measured
+    # slower (benchmarks/ckpt.py) than staging through the store's hot buffer.
+    big = memoryview(cast(Any, np.empty(max(size, 1), dtype=np.uint8))).cast("B")[:size]
+    _read_checked(store, rel, big, sorted(by.values(), key=lambda e: e.offset))
     out = {}
     for name, m in meta.items():
         ent = by.get(name)
