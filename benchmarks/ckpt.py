@@ -181,23 +181,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t, _ = timed(copy_all)  # the copy again, right before the stall it is compared with
         copies.append(t)
         res["memcopy_s"] = min(copies)
-        t0 = time.perf_counter()
-        h = c.save(sd, step=2, asynchronous=True)
-        stall = time.perf_counter() - t0
-        h.wait()
-        t = time.perf_counter() - t0
+        stalls = []
+        for step in (2, 3):  # two async saves: the machine is shared, the stall is short
+            t0 = time.perf_counter()
+            h = c.save(sd, step=step, asynchronous=True)
+            stalls.append(time.perf_counter() - t0)
+            h.wait()
+            t = time.perf_counter() - t0
+            t2, _ = timed(copy_all)
+            copies.append(t2)
+        res["memcopy_s"] = min(copies)
+        res["stalls_s"] = stalls
+        stall = min(stalls)
         rows["fs3.ckpt save (async)"] = {"seconds": t, "bytes": h.stats["bytes"], "stall_s": stall}
         del dst, copy_all
-        data = os.path.join(root, layout.step_dir(2), layout.data_name(0))
+        data = os.path.join(root, layout.step_dir(3), layout.data_name(0))
         drop_caches()
         say("fs3.ckpt load")
-        t, loaded = timed(lambda: c.load(2))
+        t, loaded = timed(lambda: c.load(3))
         assert all(torch.equal(loaded[k], sd[k]) for k in list(sd)[:5])
         rows["fs3.ckpt load"] = {"seconds": t, "bytes": total}
         into = loaded
         drop_caches()
         say("fs3.ckpt load into preallocated")
-        t, _ = timed(lambda: c.load(2, into=into))
+        t, _ = timed(lambda: c.load(3, into=into))
         rows["fs3.ckpt load (into)"] = {"seconds": t, "bytes": total}
         del loaded, into
         drop_caches()
@@ -228,7 +235,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # DCP through fs3.ckpt.dcp (when present)
         try:
             import torch.distributed.checkpoint as dcp
-            from fs3.ckpt.dcp import Fs3StorageReader, Fs3StorageWriter  # type: ignore[import-not-found]
+
+            from fs3.ckpt.dcp import Fs3StorageReader, Fs3StorageWriter
         except ImportError as e:
             res["dcp"] = f"not run: {e}"
         else:
@@ -319,9 +327,11 @@ def render(res: dict[str, Any]) -> str:
         lines.append(f"| {k} | {v['seconds']:.2f} | {v['bytes']:,} | {v['GB_s']:.3f} | {stall} |")
     lines += [
         "",
-        f"In-memory copy of the state dict (`Tensor.copy_` into preallocated tensors, best of 4, "
-        f"the last right before the async save): "
-        f"{res['memcopy_s']:.3f} s.",
+        f"In-memory copy of the state dict (`Tensor.copy_` into preallocated tensors, best of 6, "
+        f"three of them next to the two async saves): "
+        f"{res['memcopy_s']:.3f} s. Async stalls: "
+        + ", ".join(f"{x:.3f} s" for x in res["stalls_s"])
+        + " (the table has the smaller).",
     ]
     if "dcp" in res:
         lines.append(f"DCP: {res['dcp']}")

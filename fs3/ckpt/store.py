@@ -29,7 +29,7 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
@@ -75,14 +75,6 @@ class Store:
 
     def free(self, buf: memoryview | None) -> None:
         """Give back a buffer from :meth:`alloc` (plain memory is left to the garbage collector)."""
-
-    def alloc_detached(self, nbytes: int) -> tuple[memoryview, Callable[[], None]]:
-        """A buffer to read into that outlives the store: ``(buf, done)``.
-
-        Call ``done()`` once the I/O into it is over; the memory then lives as
-        long as views of it do (so loaded tensors can be views of it).
-        """
-        return Store.alloc(self, nbytes), lambda: None
 
     def write_segments(
         self, rel: str, segs: Sequence[Segment], *, size: int, inflight: int = INFLIGHT
@@ -198,27 +190,6 @@ class PosixStore(Store):
         iov = Iov(self.mount, nbytes)
         self._iovs.append(iov)
         return iov.buf
-
-    def alloc_detached(self, nbytes: int) -> tuple[memoryview, Callable[[], None]]:
-        """On USRBIO: registered shared memory, so reads land with no copy.
-
-        ``done()`` deregisters it; the mapping stays while views exist
-        (:meth:`fs3.transport.region.ShmRegion.close` refuses to unmap exported
-        memory) and goes with the last of them.
-        """
-        if self.mount is None or nbytes == 0:
-            return super().alloc_detached(nbytes)
-        from fs3.usrbio import Iov
-
-        iov = Iov(self.mount, nbytes)
-        self._iovs.append(iov)
-
-        def done() -> None:
-            if iov in self._iovs:
-                self._iovs.remove(iov)
-            iov.close()
-
-        return iov.buf[:nbytes], done
 
     def free(self, buf: memoryview | None) -> None:
         if buf is None or not len(buf):
