@@ -27,12 +27,10 @@ import argparse
 import asyncio
 import os
 import socket
-import statistics
 import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
