@@ -113,6 +113,8 @@ def test_cluster_file_permission_error_as_other_user(tmp_path: Path) -> None:
     tmp_path.chmod(0o755)
     code = (
         "import os, fs3, fs3.client.file_api, fs3.client.mgmtd_client\n"
+        # modules the client imports lazily (its loop thread, uvloop): nobody may not read them
+        "import concurrent.futures.thread, uvloop, fs3.rpc.loop\n"
         "os.setgid(65534); os.setuid(65534)  # everything imported first: nobody may not read the venv\n"
         "try:\n"
         f"    fs3.connect({str(cf)!r})\n"
