@@ -182,3 +182,47 @@ def test_render_status_table() -> None:
         "capacity: 1.5 GiB free of 5.0 GiB (raw / 2 replicas of chain table 1); data 1.0 KiB" in out
     )
     assert "raw: 3.0 GiB free of 10.0 GiB on 1 file system (2 targets" in out
+    assert "spare targets" not in out
+    s["spare_targets"] = [301]
+    assert "spare targets (in no chain, hold no data): 301" in launcher.render_status(s)
+
+
+@pytest.mark.timeout(20)
+def test_picked_ports_are_outside_the_kernels_ephemeral_range(tmp_path: Path) -> None:
+    """Regression: ports from ``bind(0)`` are ephemeral ones, which the kernel also gives to
+    clients; a client reconnecting to a dead process's port could self-connect from that
+    very port and hold it, so `fs3 cluster restart` failed with "port ... in use"."""
+    lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    st, _ = LocalCluster(tmp_path, out=lambda s: None)._layout(ClusterSpec(), "local-test")
+    ports = [port for p in st.processes for port in p.ports]
+    assert len(set(ports)) == len(ports) == 2 * 4 + 3 * 3
+    outside = [p for p in ports if not lo <= p <= hi]
+    assert outside == ports, f"ports in the ephemeral range {lo}-{hi}: {set(ports) - set(outside)}"
+    assert all(launcher.port_is_free(p) for p in ports), "released after picking"
+
+
+@pytest.mark.timeout(20)
+def test_port_picking_skips_taken_ports_and_follows_the_ephemeral_range() -> None:
+    import socket
+
+    assert launcher.ephemeral_port_range("/nonexistent") == launcher.LINUX_DEFAULT_EPHEMERAL
+    assert launcher.service_port_candidates((32768, 60999)) == list(range(20000, 32768)) + list(
+        range(61000, 65536)
+    )
+    # a range starting low: below it from 1024; a range reaching 65535: nothing above
+    assert launcher.service_port_candidates((10000, 65535)) == list(range(1024, 10000))
+    assert launcher.service_port_candidates((1024, 65000)) == list(range(65001, 65536))
+    with pytest.raises(LauncherError, match="leaves fewer than 3 ports"):
+        launcher.pick_free_ports(3, ephemeral=(1024, 65535))
+    # with only five candidates and one of them taken, the other four come back
+    cands = launcher.service_port_candidates((1024, 65530))
+    assert cands == [65531, 65532, 65533, 65534, 65535]
+    if not all(launcher.port_is_free(p) for p in cands):
+        pytest.skip("a port in 65531..65535 is in use on this host")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 65533))
+        s.listen()
+        got = launcher.pick_free_ports(4, ephemeral=(1024, 65530))
+        assert sorted(got) == [65531, 65532, 65534, 65535]
+        with pytest.raises(LauncherError, match="fewer than 5 free ports"):
+            launcher.pick_free_ports(5, ephemeral=(1024, 65530))
