@@ -349,6 +349,28 @@ def is_alive(rec: ProcRecord) -> bool:
     return _cmdline(rec.pid) == rec.command
 
 
+def _exiting(pid: int) -> bool:
+    """True while a killed process is half gone: its main thread a zombie, others still exiting.
+
+    /proc shows the main thread as a zombie (no command line) as soon as it
+    exits, but the process's open files, its listening sockets among them, are
+    only released when its last thread is gone; a thread stuck in a file system
+    call (a FUSE request, say) can take a moment. Until then its ports are taken.
+    """
+    st = _proc_stat(pid)
+    if st is None or st[0] != "Z":
+        return False
+    try:
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
+    except OSError:
+        return False
+
+
+def is_gone(rec: ProcRecord) -> bool:
+    """True when the recorded process is not running and none of its threads is left."""
+    return not is_alive(rec) and not (rec.pid > 0 and _exiting(rec.pid))
+
+
 def _signal(rec: ProcRecord, sig: int) -> bool:
     """Send ``sig`` to the recorded process if it is still ours; True if sent."""
     if not is_alive(rec):
@@ -361,10 +383,10 @@ def _signal(rec: ProcRecord, sig: int) -> bool:
 
 
 def _wait_dead(recs: Sequence[ProcRecord], timeout_s: float) -> list[ProcRecord]:
-    """Poll until none of ``recs`` is alive or the deadline passes; returns the survivors."""
+    """Poll until every one of ``recs`` is gone or the deadline passes; returns the survivors."""
     deadline = time.monotonic() + timeout_s
     while True:
-        alive = [r for r in recs if is_alive(r)]
+        alive = [r for r in recs if not is_gone(r)]
         if not alive or time.monotonic() >= deadline:
             return alive
         time.sleep(0.05)
@@ -1143,6 +1165,7 @@ class LocalCluster:
                 st = old
                 st.mountpoint = ""
                 st.processes = [r for r in st.processes if r.role != "fuse"]
+                _wait_dead(st.processes, 10.0)  # ports of a just-killed process free up with it
                 self._check_ports(st)
                 self._repair_cluster_file(st)
                 self._say(f"restarting the existing cluster {st.cluster_id} from {self.paths.root}")
@@ -1547,6 +1570,8 @@ class LocalCluster:
             if is_alive(rec):
                 stop_processes([rec], self.grace_s)
                 self._say(f"stopped {name} (pid {rec.pid})")
+            elif _wait_dead([rec], 10.0):  # killed just before: its last threads still exiting
+                raise LauncherError(f"cannot restart {name}: pid {rec.pid} is still exiting")
             if rec.role == "fuse":
                 mp = rec.command[-2]
                 if mount_fstype(mp) is not None:

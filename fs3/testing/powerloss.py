@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from fs3.cli.cluster import is_alive
+from fs3.cli.cluster import is_alive, is_gone
 from fs3.durable import fsync_dir, makedirs_durably
 from fs3.testing.invariants import Scenario, fault_cluster
 from fs3.testing.lossyfs import LossyMount
@@ -116,7 +116,7 @@ def kill_processes(sc: Scenario, names: Sequence[str] | None = None) -> list[str
     for r in recs:
         with contextlib.suppress(ProcessLookupError):
             os.kill(r.pid, signal.SIGKILL)
-    sc.pc.wait_for(lambda: not any(is_alive(r) for r in recs), 30, "the killed processes to die")
+    sc.pc.wait_for(lambda: all(is_gone(r) for r in recs), 30, "the killed processes to be gone")
     return [r.name for r in recs]
 
 

@@ -226,3 +226,49 @@ def test_port_picking_skips_taken_ports_and_follows_the_ephemeral_range() -> Non
         assert sorted(got) == [65531, 65532, 65534, 65535]
         with pytest.raises(LauncherError, match="fewer than 5 free ports"):
             launcher.pick_free_ports(5, ephemeral=(1024, 65530))
+
+
+HALF_EXITED = """
+import ctypes, socket, sys, threading
+s = socket.socket()
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
+threading.Thread(target=sys.stdin.read).start()  # holds the process until stdin closes
+print("ready", flush=True)
+ctypes.CDLL(None).pthread_exit(None)  # the main thread exits, the process does not
+"""
+
+
+@pytest.mark.timeout(30)
+def test_a_process_whose_main_thread_exited_holds_its_ports_until_its_last_thread_is_gone() -> None:
+    """Regression: a killed process showed as dead (its main thread a zombie) while another
+    thread still held its files, so `restart` found its port "in use by another program"."""
+    import subprocess
+    import sys
+    import time
+
+    [port] = launcher.pick_free_ports(1)
+    cmd = [sys.executable, "-c", HALF_EXITED, str(port)]
+    child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        stat = launcher._proc_stat(child.pid)
+        assert stat is not None
+        rec = launcher.ProcRecord(
+            name="x", role="meta", command=cmd, log="", config="", pid=child.pid
+        )
+        rec.start_ticks = stat[1]
+        while (launcher._proc_stat(child.pid) or ("?",))[0] != "Z":
+            assert child.poll() is None
+            time.sleep(0.01)
+        assert not launcher.is_alive(rec), "no command line: not running as far as /proc shows"
+        assert not launcher.port_is_free(port)
+        assert launcher._wait_dead([rec], 0.2) == [rec], "not dead while a thread holds its port"
+        assert not launcher.is_gone(rec)
+        assert child.stdin is not None
+        child.stdin.close()
+        assert launcher._wait_dead([rec], 20) == []
+        assert launcher.is_gone(rec) and launcher.port_is_free(port)
+    finally:
+        child.kill()
+        child.wait(10)
