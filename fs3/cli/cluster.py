@@ -146,7 +146,7 @@ class ClusterSpec:
     transport: str = "grpc"
     rpc: str = "native"  # [rpc] transport of every process: native | grpc
     fdb_cluster_file: str = "/etc/foundationdb/fdb.cluster"
-    base_port: int = 0  # 0: free ports picked by the kernel
+    base_port: int = 0  # 0: free ports outside the kernel's ephemeral range
     # role -> section -> key -> value, applied after the local defaults
     overrides: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
@@ -224,6 +224,8 @@ class ClusterState:
     cluster_file: str
     mountpoint: str = ""
     created_at: float = 0.0
+    # targets in no chain after the last `up` (learned from mgmtd, not saved: status asks mgmtd)
+    spare_targets: list[int] = field(default_factory=list)
 
     def proc(self, name: str) -> ProcRecord:
         for p in self.processes:
@@ -347,6 +349,28 @@ def is_alive(rec: ProcRecord) -> bool:
     return _cmdline(rec.pid) == rec.command
 
 
+def _exiting(pid: int) -> bool:
+    """True while a killed process is half gone: its main thread a zombie, others still exiting.
+
+    /proc shows the main thread as a zombie (no command line) as soon as it
+    exits, but the process's open files, its listening sockets among them, are
+    only released when its last thread is gone; a thread stuck in a file system
+    call (a FUSE request, say) can take a moment. Until then its ports are taken.
+    """
+    st = _proc_stat(pid)
+    if st is None or st[0] != "Z":
+        return False
+    try:
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
+    except OSError:
+        return False
+
+
+def is_gone(rec: ProcRecord) -> bool:
+    """True when the recorded process is not running and none of its threads is left."""
+    return not is_alive(rec) and not (rec.pid > 0 and _exiting(rec.pid))
+
+
 def _signal(rec: ProcRecord, sig: int) -> bool:
     """Send ``sig`` to the recorded process if it is still ours; True if sent."""
     if not is_alive(rec):
@@ -359,10 +383,10 @@ def _signal(rec: ProcRecord, sig: int) -> bool:
 
 
 def _wait_dead(recs: Sequence[ProcRecord], timeout_s: float) -> list[ProcRecord]:
-    """Poll until none of ``recs`` is alive or the deadline passes; returns the survivors."""
+    """Poll until every one of ``recs`` is gone or the deadline passes; returns the survivors."""
     deadline = time.monotonic() + timeout_s
     while True:
-        alive = [r for r in recs if is_alive(r)]
+        alive = [r for r in recs if not is_gone(r)]
         if not alive or time.monotonic() >= deadline:
             return alive
         time.sleep(0.05)
@@ -411,15 +435,71 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def pick_free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct ports the kernel considers free right now (all bound at once, then released)."""
+# Where service ports come from (see :func:`pick_free_ports`).
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+LINUX_DEFAULT_EPHEMERAL = (32768, 60999)
+SERVICE_PORT_FLOOR = 20000
+
+
+def ephemeral_port_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    """The kernel's ephemeral port range (first, last): where it takes client ports from."""
+    try:
+        lo, hi = (int(x) for x in Path(path).read_text().split())
+    except (OSError, ValueError):
+        return LINUX_DEFAULT_EPHEMERAL
+    return lo, hi
+
+
+def service_port_candidates(ephemeral: tuple[int, int] | None = None) -> list[int]:
+    """Ports a service may listen on that the kernel never hands to a client socket.
+
+    Below the ephemeral range from ``SERVICE_PORT_FLOOR`` (from 1024 when the
+    range starts lower than that), then above it up to 65535.
+    """
+    lo, hi = ephemeral or ephemeral_port_range()
+    floor = SERVICE_PORT_FLOOR if lo > SERVICE_PORT_FLOOR else 1024
+    return list(range(floor, max(floor, lo))) + list(range(max(hi + 1, 1024), 65536))
+
+
+def pick_free_ports(
+    n: int, host: str = "127.0.0.1", *, ephemeral: tuple[int, int] | None = None
+) -> list[int]:
+    """``n`` distinct bindable ports outside the kernel's ephemeral range.
+
+    Why not the kernel's free ports (``bind(0)``): those come from the ephemeral
+    range, the one the kernel also assigns to outgoing connections. When a
+    process dies, its clients keep reconnecting to its port, and a connect whose
+    kernel-chosen local port equals that port connects to itself (TCP
+    simultaneous open) and holds the port, so the process could not be
+    restarted on it. A port outside the range is never a client's local port.
+
+    The walk starts at a random candidate (so launchers running at the same
+    time rarely collide) and takes consecutive bindable ports from there; all
+    of them are held bound until ``n`` are found, then released.
+    """
+    cands = service_port_candidates(ephemeral)
+    if len(cands) < n:
+        lo, hi = ephemeral or ephemeral_port_range()
+        raise LauncherError(
+            f"the kernel's ephemeral port range {lo}-{hi} ({EPHEMERAL_RANGE_FILE}) leaves fewer "
+            f"than {n} ports for services; narrow it or choose ports with --base-port"
+        )
+    start = secrets.randbelow(len(cands))
     socks: list[socket.socket] = []
     try:
-        for _ in range(n):
+        for i in range(len(cands)):
+            port = cands[(start + i) % len(cands)]
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+            if len(socks) == n:
+                return [s.getsockname()[1] for s in socks]
+        raise LauncherError(f"fewer than {n} free ports outside the ephemeral range on {host}")
     finally:
         for s in socks:
             s.close()
@@ -1085,6 +1165,7 @@ class LocalCluster:
                 st = old
                 st.mountpoint = ""
                 st.processes = [r for r in st.processes if r.role != "fuse"]
+                _wait_dead(st.processes, 10.0)  # ports of a just-killed process free up with it
                 self._check_ports(st)
                 self._repair_cluster_file(st)
                 self._say(f"restarting the existing cluster {st.cluster_id} from {self.paths.root}")
@@ -1170,13 +1251,21 @@ class LocalCluster:
                 ) from None
             self._say(f"created chain table 1 with {spec.replicas} replicas")
 
-        def serving() -> bool:
+        def serving() -> set[int] | None:
+            """The targets in chain table 1 once every one of them serves, else None.
+
+            Only chained targets are waited for: every target belongs to at most
+            one chain of ``replicas`` targets on distinct nodes, so some shapes
+            (3 nodes x 1 target, 2 replicas) leave targets that no chain can
+            take (docs/operations.md); they stay free, and waiting for them
+            would never end.
+            """
             rt = probe.routing()
             if rt is None:
-                return False
+                return None
             table = _latest_table(rt, 1)
             if table is None:
-                return False
+                return None
             chains = {c.chain_id: c for c in rt.chains}
             # serving = published SERVING by mgmtd *and* the storage node reports the
             # target up-to-date (only then does it accept writes)
@@ -1187,12 +1276,16 @@ class LocalCluster:
                 if c is None or any(
                     t.public_state != 1 or t.target_id not in uptodate for t in c.targets
                 ):
-                    return False
+                    return None
                 in_chains |= {t.target_id for t in c.targets}
-            return in_chains == expected_targets
+            return in_chains or None
 
-        self._wait("every target to be serving", serving, st.processes, left())
-        self._say("every target is serving")
+        chained = self._wait("every chained target to be serving", serving, st.processes, left())
+        st.spare_targets = sorted(expected_targets - chained)
+        if st.spare_targets:
+            self._say(f"every chained target is serving; {_spare_note(st)}")
+        else:
+            self._say("every target is serving")
         self._check_python_api(st)
         if mount:
             fuse = self._fuse_record(st, mount)
@@ -1290,6 +1383,7 @@ class LocalCluster:
             "processes": procs,
             "nodes": [],
             "targets": [],
+            "spare_targets": [],
             "chains": [],
             "chain_tables": [],
             "capacity": None,
@@ -1341,6 +1435,7 @@ class LocalCluster:
                     "fs_id": t.fs_id,
                 }
             )
+        result["spare_targets"] = [t["id"] for t in result["targets"] if not t["chain"]]
         from fs3.client.routing import Routing
 
         space = Routing(rt).space(DEFAULT_TABLE)
@@ -1475,6 +1570,8 @@ class LocalCluster:
             if is_alive(rec):
                 stop_processes([rec], self.grace_s)
                 self._say(f"stopped {name} (pid {rec.pid})")
+            elif _wait_dead([rec], 10.0):  # killed just before: its last threads still exiting
+                raise LauncherError(f"cannot restart {name}: pid {rec.pid} is still exiting")
             if rec.role == "fuse":
                 mp = rec.command[-2]
                 if mount_fstype(mp) is not None:
@@ -1594,6 +1691,11 @@ def render_status(s: dict[str, Any]) -> str:
                 ]
             )
         out.append(_table(rows))
+        if s.get("spare_targets"):
+            out.append(
+                "spare targets (in no chain, hold no data): "
+                + ", ".join(map(str, s["spare_targets"]))
+            )
         cap = s.get("capacity")
         if cap:
             fs = cap["filesystems"]
@@ -1627,6 +1729,27 @@ def render_status(s: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _spare_note(st: ClusterState) -> str:
+    """Which targets are in no chain and, when the shape explains it, why.
+
+    Chain table 1 gets ``floor(total / replicas)`` chains (fs3/mgmtd/placement.py:
+    each node has the same number of targets and there are at least as many
+    nodes as replicas), so ``total % replicas`` targets are left over by design.
+    """
+    spec, n = st.spec, len(st.spare_targets)
+    total = spec.storage_nodes * spec.targets_per_node
+    note = (
+        f"{n} target{'s are' if n != 1 else ' is'} spare (in no chain: "
+        f"{', '.join(map(str, st.spare_targets))})"
+    )
+    if n == total % spec.replicas:
+        note += (
+            f": {spec.storage_nodes} storage nodes x {spec.targets_per_node} targets = {total}, "
+            f"not a multiple of {spec.replicas} replicas"
+        )
+    return note
+
+
 def render_up_summary(st: ClusterState, took_s: float) -> str:
     lines = [f"fs3 local cluster {st.cluster_id} is up ({took_s:.1f}s)"]
     lines.append(f"  cluster file : {st.cluster_file}")
@@ -1638,6 +1761,8 @@ def render_up_summary(st: ClusterState, took_s: float) -> str:
         f"  layout       : {spec.storage_nodes} storage nodes x {spec.targets_per_node} targets, "
         f"{spec.replicas} replicas, kv {spec.kv}, transport {spec.transport}"
     )
+    if st.spare_targets:
+        lines.append(f"  spare        : {_spare_note(st)}")
     lines.append(f"  mount point  : {st.mountpoint or '(not mounted; use --mount DIR)'}")
     lines.append(f"  logs         : {Path(st.cluster_file).parent / 'logs'}/<name>.log")
     root = Path(st.cluster_file).parent

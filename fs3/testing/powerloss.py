@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from fs3.cli.cluster import LauncherError, is_alive
+from fs3.cli.cluster import is_alive, is_gone
 from fs3.durable import fsync_dir, makedirs_durably
 from fs3.testing.invariants import Scenario, fault_cluster
 from fs3.testing.lossyfs import LossyMount
@@ -116,7 +116,7 @@ def kill_processes(sc: Scenario, names: Sequence[str] | None = None) -> list[str
     for r in recs:
         with contextlib.suppress(ProcessLookupError):
             os.kill(r.pid, signal.SIGKILL)
-    sc.pc.wait_for(lambda: not any(is_alive(r) for r in recs), 30, "the killed processes to die")
+    sc.pc.wait_for(lambda: all(is_gone(r) for r in recs), 30, "the killed processes to be gone")
     return [r.name for r in recs]
 
 
@@ -167,25 +167,6 @@ def cluster_up(sc: Scenario, disks: LossyDisks, timeout_s: float = 120.0) -> flo
         )
     sc.say(f"`fs3 cluster up` brought cluster {st.cluster_id} back in {took:.1f}s")
     return took
-
-
-def restart(sc: Scenario, name: str, timeout_s: float = 60.0) -> None:
-    """The launcher's restart of one process after its power cut.
-
-    Waits while the process's port is taken: its clients keep reconnecting to
-    the dead port (an ephemeral one), and a connect from that very port number
-    is a TCP self-connection that holds it until the client gives up.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            sc.pc.restart(name, timeout_s=timeout_s)
-            return
-        except LauncherError as e:
-            if "in use" not in e.message or time.monotonic() >= deadline:
-                raise
-            sc.say(f"restart of {name} waits: {e.message}")
-            time.sleep(0.5)
 
 
 @contextlib.contextmanager

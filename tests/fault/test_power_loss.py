@@ -29,7 +29,7 @@ import pytest
 
 from fs3.testing.invariants import Scenario
 from fs3.testing.lossyfs import skip_reason
-from fs3.testing.powerloss import LossyDisks, cluster_up, power_cut, power_loss_cluster, restart
+from fs3.testing.powerloss import LossyDisks, cluster_up, power_cut, power_loss_cluster
 from fs3.testing.workload import NamespaceStorm, Violation, Workload, WorkloadConfig
 
 pytestmark = [
@@ -172,7 +172,7 @@ def test_power_cut_of_one_storage_node_while_the_others_run() -> None:
         node = f"storage-{rng.randint(1, 3)}"
         power_cut(sc, disks, processes=[node], mounts=[node], tear=700 + k)
         r.wait(5, 3, timeout_s=90)  # the other two replicas keep serving
-        restart(sc, node)
+        sc.pc.restart(node)
         sc.wait_all_serving(90, f"{node} back and resynced")
 
     _cuts_under_one_workload("power-storage", 7, 6, cut)
@@ -185,7 +185,7 @@ def test_power_cut_of_the_kv() -> None:
     def cut(sc: Scenario, disks: LossyDisks, r: Round, rng: random.Random, k: int) -> None:
         power_cut(sc, disks, processes=["mgmtd-1", "meta-1"], mounts=["kv"], tear=800 + k)
         for name in ("mgmtd-1", "meta-1"):
-            restart(sc, name)
+            sc.pc.restart(name)
         sc.measure_resume(60, f"service after KV power cut {k + 1}")
 
     _cuts_under_one_workload("power-kv", 8, 6, cut)

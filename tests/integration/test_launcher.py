@@ -178,6 +178,55 @@ def test_cli_up_status_kill_restart_down_cycle(cluster_dir: Path) -> None:
     assert not d.exists(), "--wipe removes everything the launcher created"
 
 
+@pytest.mark.timeout(330)
+def test_a_shape_with_a_spare_target_comes_up_and_restarts_a_node_on_its_port(
+    cluster_dir: Path,
+) -> None:
+    """Regressions, on the smallest shape that shows them.
+
+    3 storage nodes x 1 target with 2 replicas make one chain and leave one
+    target in no chain; ``up`` waited for that one to serve too, until it timed
+    out. And the launcher picked its ports from the kernel's ephemeral range, so
+    a client reconnecting to a killed process could self-connect from its port.
+    """
+    d = cluster_dir
+    shape = ["--storage-nodes", "3", "--targets-per-node", "1", "--replicas", "2"]
+    small = ["--meta", "1", "--mgmtd", "1", "--timeout", "150"]
+    r = run_cli("up", "--dir", str(d), *shape, *small, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = _status(d)
+    [chain] = s["chains"]
+    assert len(chain["targets"]) == 2 and chain["states"] == ["serving", "serving"]
+    [spare] = s["spare_targets"]
+    assert spare in {101, 201, 301} - set(chain["targets"])
+    assert [t["chain"] for t in s["targets"] if t["id"] == spare] == [0]
+    assert f"every chained target is serving; 1 target is spare (in no chain: {spare})" in r.stdout
+    why = "3 storage nodes x 1 targets = 3, not a multiple of 2 replicas"
+    assert f"spare        : 1 target is spare (in no chain: {spare}): {why}" in r.stdout
+    table = run_cli("status", "--dir", str(d))
+    assert f"spare targets (in no chain, hold no data): {spare}" in table.stdout, table.stdout
+
+    # every service port is one the kernel never gives a client socket
+    lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = [p for rec in recorded(d) for p in rec.ports]
+    assert ports and not [p for p in ports if lo <= p <= hi], (ports, lo, hi)
+
+    # a chained node killed while its peers reconnect restarts on the same port
+    name = f"storage-{chain['targets'][0] // 100}"
+    before = next(rec for rec in recorded(d) if rec.name == name)
+    assert run_cli("kill", "--dir", str(d), name).returncode == 0
+    rs = run_cli("restart", "--dir", str(d), name, "--timeout", "90", timeout=150)
+    assert rs.returncode == 0, rs.stdout + rs.stderr
+    after = next(rec for rec in recorded(d) if rec.name == name)
+    assert after.ports == before.ports and after.pid != before.pid
+    _wait_status(
+        d,
+        lambda s: [c["states"] for c in s["chains"]] == [["serving", "serving"]],
+        90,
+        f"{name}'s target serving again",
+    )
+
+
 # --------------------------------------------------------------------------- error cases
 
 

@@ -182,3 +182,93 @@ def test_render_status_table() -> None:
         "capacity: 1.5 GiB free of 5.0 GiB (raw / 2 replicas of chain table 1); data 1.0 KiB" in out
     )
     assert "raw: 3.0 GiB free of 10.0 GiB on 1 file system (2 targets" in out
+    assert "spare targets" not in out
+    s["spare_targets"] = [301]
+    assert "spare targets (in no chain, hold no data): 301" in launcher.render_status(s)
+
+
+@pytest.mark.timeout(20)
+def test_picked_ports_are_outside_the_kernels_ephemeral_range(tmp_path: Path) -> None:
+    """Regression: ports from ``bind(0)`` are ephemeral ones, which the kernel also gives to
+    clients; a client reconnecting to a dead process's port could self-connect from that
+    very port and hold it, so `fs3 cluster restart` failed with "port ... in use"."""
+    lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    st, _ = LocalCluster(tmp_path, out=lambda s: None)._layout(ClusterSpec(), "local-test")
+    ports = [port for p in st.processes for port in p.ports]
+    assert len(set(ports)) == len(ports) == 2 * 4 + 3 * 3
+    outside = [p for p in ports if not lo <= p <= hi]
+    assert outside == ports, f"ports in the ephemeral range {lo}-{hi}: {set(ports) - set(outside)}"
+    assert all(launcher.port_is_free(p) for p in ports), "released after picking"
+
+
+@pytest.mark.timeout(20)
+def test_port_picking_skips_taken_ports_and_follows_the_ephemeral_range() -> None:
+    import socket
+
+    assert launcher.ephemeral_port_range("/nonexistent") == launcher.LINUX_DEFAULT_EPHEMERAL
+    assert launcher.service_port_candidates((32768, 60999)) == list(range(20000, 32768)) + list(
+        range(61000, 65536)
+    )
+    # a range starting low: below it from 1024; a range reaching 65535: nothing above
+    assert launcher.service_port_candidates((10000, 65535)) == list(range(1024, 10000))
+    assert launcher.service_port_candidates((1024, 65000)) == list(range(65001, 65536))
+    with pytest.raises(LauncherError, match="leaves fewer than 3 ports"):
+        launcher.pick_free_ports(3, ephemeral=(1024, 65535))
+    # with only five candidates and one of them taken, the other four come back
+    cands = launcher.service_port_candidates((1024, 65530))
+    assert cands == [65531, 65532, 65533, 65534, 65535]
+    if not all(launcher.port_is_free(p) for p in cands):
+        pytest.skip("a port in 65531..65535 is in use on this host")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 65533))
+        s.listen()
+        got = launcher.pick_free_ports(4, ephemeral=(1024, 65530))
+        assert sorted(got) == [65531, 65532, 65534, 65535]
+        with pytest.raises(LauncherError, match="fewer than 5 free ports"):
+            launcher.pick_free_ports(5, ephemeral=(1024, 65530))
+
+
+HALF_EXITED = """
+import ctypes, socket, sys, threading
+s = socket.socket()
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
+threading.Thread(target=sys.stdin.read).start()  # holds the process until stdin closes
+print("ready", flush=True)
+ctypes.CDLL(None).pthread_exit(None)  # the main thread exits, the process does not
+"""
+
+
+@pytest.mark.timeout(30)
+def test_a_process_whose_main_thread_exited_holds_its_ports_until_its_last_thread_is_gone() -> None:
+    """Regression: a killed process showed as dead (its main thread a zombie) while another
+    thread still held its files, so `restart` found its port "in use by another program"."""
+    import subprocess
+    import sys
+    import time
+
+    [port] = launcher.pick_free_ports(1)
+    cmd = [sys.executable, "-c", HALF_EXITED, str(port)]
+    child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        stat = launcher._proc_stat(child.pid)
+        assert stat is not None
+        rec = launcher.ProcRecord(
+            name="x", role="meta", command=cmd, log="", config="", pid=child.pid
+        )
+        rec.start_ticks = stat[1]
+        while (launcher._proc_stat(child.pid) or ("?",))[0] != "Z":
+            assert child.poll() is None
+            time.sleep(0.01)
+        assert not launcher.is_alive(rec), "no command line: not running as far as /proc shows"
+        assert not launcher.port_is_free(port)
+        assert launcher._wait_dead([rec], 0.2) == [rec], "not dead while a thread holds its port"
+        assert not launcher.is_gone(rec)
+        assert child.stdin is not None
+        child.stdin.close()
+        assert launcher._wait_dead([rec], 20) == []
+        assert launcher.is_gone(rec) and launcher.port_is_free(port)
+    finally:
+        child.kill()
+        child.wait(10)
