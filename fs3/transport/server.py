@@ -115,6 +115,8 @@ class ServerTransport:
             return memoryview(ref.inline)
         if kind == "shm":
             return self.regions.view(ref.shm)
+        if kind == "frame":
+            raise invalid("a frame DataRef names the request's own payload (fs3.rpc.bulk)")
         return await self._tcp_server().fetch(ref.tcp)
 
     # -- read path ----------------------------------------------------------------

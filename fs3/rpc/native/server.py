@@ -102,13 +102,16 @@ class _Aborted(Exception):
 class NativeContext:
     """What fs3 handlers (and ``guard_servicer``) use of a grpc ServicerContext.
 
-    ``payload`` is the request's bulk payload (None without one); a handler
-    that answers with bulk bytes sets :attr:`reply_payload`.
+    ``payload`` is the request's bulk payload (None without one), received
+    straight into its own buffer; a handler that answers with bulk bytes sets
+    :attr:`reply_payload` to one buffer or a list of buffers sent in order
+    (written with the header in one ``writelines``, never joined). Handlers
+    reach both through :mod:`fs3.rpc.bulk`, which also works on gRPC contexts.
     """
 
     __slots__ = ("payload", "reply_payload", "_detail", "_deadline", "peer_name")
 
-    def __init__(self, payload: memoryview | None, deadline: float | None, peer: str) -> None:
+    def __init__(self, payload: wire.Payload | None, deadline: float | None, peer: str) -> None:
         self.payload = payload
         self.reply_payload: Any = None
         self._detail: bytes | None = None
@@ -311,7 +314,7 @@ class ServerConnection(FrameReceiver):
         request_id: int,
         timeout_ms: int,
         body: bytes | memoryview,
-        payload: memoryview | None,
+        payload: wire.Payload | None,
     ) -> None:
         if kind == CALL:
             self._start_call(flags, method_id, request_id, timeout_ms, body, payload)
@@ -324,7 +327,7 @@ class ServerConnection(FrameReceiver):
                     f"stream message for {call.method.path}, which takes no request stream"
                 )
             msg = self._decode(call.method, body)
-            size = len(body) + (len(payload) if payload is not None else 0)
+            size = len(body) + wire.payload_len(payload)
             self._acquire(size)
             call.queue.put_nowait((msg, size))
         elif kind == HALF_CLOSE:
@@ -353,7 +356,7 @@ class ServerConnection(FrameReceiver):
         rid: int,
         timeout_ms: int,
         body: bytes | memoryview,
-        payload: memoryview | None,
+        payload: wire.Payload | None,
     ) -> None:
         entry = self.server.handlers.get(mid)
         if entry is None:
@@ -372,7 +375,7 @@ class ServerConnection(FrameReceiver):
         request = self._decode(method, body) if flags & HAS_MESSAGE else None
         if request is None and not method.client_streaming:
             raise ProtocolViolation(f"CALL of {method.path} without its request message")
-        size = len(body) + (len(payload) if payload is not None else 0)
+        size = len(body) + wire.payload_len(payload)
         call = _Call(method, size)
         self._calls[rid] = call
         self._acquire(size)
@@ -410,6 +413,13 @@ class ServerConnection(FrameReceiver):
                 raise FsError(
                     Code.INVALID_ARGUMENT,
                     f"{method.path}: answer of {len(body)} bytes exceeds {self.max_body}",
+                )
+            reply_len = wire.payload_len(ctx.reply_payload)
+            if reply_len > self.max_payload:
+                raise FsError(
+                    Code.INVALID_ARGUMENT,
+                    f"{method.path}: answer payload of {reply_len} bytes exceeds "
+                    f"{self.max_payload} (ask for less per call)",
                 )
             if self._write_paused:
                 await self._writable()
@@ -464,12 +474,13 @@ class ServerConnection(FrameReceiver):
         t = self._transport
         if t is None or self._closed:
             return
-        if payload is None:
+        n = wire.payload_len(payload)
+        if not n:
             self.write_frame(t, wire.pack(kind, HAS_MESSAGE, mid, rid, 0, body))
+        elif isinstance(payload, list):
+            self.write_frame(t, wire.pack(kind, HAS_MESSAGE, mid, rid, 0, body, n), *payload)
         else:
-            self.write_frame(
-                t, wire.pack(kind, HAS_MESSAGE, mid, rid, 0, body, len(payload)), payload
-            )
+            self.write_frame(t, wire.pack(kind, HAS_MESSAGE, mid, rid, 0, body, n), payload)
 
     # -- flow control -------------------------------------------------------------
 
