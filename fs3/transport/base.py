@@ -5,10 +5,9 @@ kind); it carries a :class:`~fs3.proto.transport_pb2.DataRef` naming where the
 payload is. Client and server agree on the bytes through a transport:
 
 * ``grpc`` (:mod:`fs3.transport.inline`): the bytes are in the DataRef.
-* ``tcp`` (:mod:`fs3.transport.tcp`): a framed binary protocol on one plain
-  socket per (client, storage node), ``recv_into`` the destination and
-  ``sendmsg``/``sendfile`` from the source; the DataRef names (connection,
-  transfer id).
+* ``tcp``: an alias of ``grpc`` kept for existing configs. It once named a
+  separate framed data connection; that folded into the native RPC transport
+  (below), one framed protocol for control and bulk. ``TcpRef`` is retired.
 * ``shm`` (:mod:`fs3.transport.shm`): the client registers shared-memory
   regions with each storage node; the DataRef names (region, offset, length)
   and the server reads/writes the region directly (one-sided, like RDMA).
@@ -23,7 +22,7 @@ received straight into the destination buffer on either side.
 Client side (one :class:`ClientTransport` per process / event loop)::
 
     ref, sent = await t.write_ref(node_address, data_address, payload)
-    resp = await storage_rpc(..., data=ref)      # meanwhile tcp sends the frame
+    resp = await storage_rpc(..., data=ref)
     await sent                                   # keep `sent` alive until the RPC returned
 
     ref, complete = await t.read_ref(node_address, data_address, dest)
@@ -36,7 +35,7 @@ process) — ``await fetch(ref)`` for the write path, ``await deliver_file(ref,
 fd, offset, length)`` / ``await deliver_bytes(ref, data)`` for the read path.
 
 Lifetimes: the awaitable returned by ``write_ref`` and the callable returned by
-``read_ref`` own transport resources (a staging slot, a pending tcp transfer).
+``read_ref`` own transport resources (a staging slot).
 They are released when completed, or when the object is garbage-collected
 (an RPC that failed before ``complete`` was called simply drops it).
 """
@@ -58,7 +57,7 @@ ShmRef = transport_pb2.ShmRef
 TcpRef = transport_pb2.TcpRef
 FrameRef = transport_pb2.FrameRef
 
-KINDS = ("grpc", "tcp", "shm", "rdma")
+KINDS = ("grpc", "tcp", "shm", "rdma")  # tcp: an alias of grpc (see above)
 
 ReadCompletion = Callable[[int], Awaitable[None]]
 
