@@ -26,8 +26,8 @@
   RPC transport every kind but shm sends them as the frame's bulk payload
   (``frame`` DataRefs): a write's bytes go out from the caller's buffer, a
   batch's read bytes are received straight into each read's destination
-  (scattered by the answer's per-io lengths). Such batches go as unary
-  ``BatchRead`` calls, which cost about as much as a stream message there.
+  (scattered by the answer's per-io lengths), on the ReadStream as on the
+  unary ``BatchRead``.
 """
 
 from __future__ import annotations
@@ -272,7 +272,21 @@ class NodeReadStream:
         self._writing = False
         self._drainer: asyncio.Task[None] | None = None
         self._stream = open_call()
+        # frame-destined reads: rid -> (ios, their buffers, laid flag); the answers'
+        # payloads are received straight into those buffers (native transport only)
+        self._layouts: dict[
+            int, tuple[list[storage_pb2.ReadIO], list[memoryview | None], list[bool]]
+        ] = {}
+        self.carries_payload = self._stream.set_payload_layout(self._layout)
         self._reader = asyncio.create_task(self._read_loop(), name=f"fs3-read-stream-{address}")
+
+    def _layout(self, body: bytes | memoryview, length: int) -> list[memoryview] | None:
+        rid = storage_pb2.BatchReadResponse.FromString(bytes(body)).request_id
+        entry = self._layouts.get(rid)
+        if entry is None:  # given up on (timeout): the bytes are dropped
+            return None
+        ios, dests, laid = entry
+        return batch_read_scatter(ios, dests, laid)(body, length)
 
     async def _send(self, req: storage_pb2.BatchReadRequest) -> None:
         """Write ``req`` now, or queue it behind the write in progress (which sends it)."""
@@ -350,9 +364,15 @@ class NodeReadStream:
                 )
 
     async def request(
-        self, ios: list[storage_pb2.ReadIO], timeout_s: float
+        self,
+        ios: list[storage_pb2.ReadIO],
+        timeout_s: float,
+        dests: list[memoryview | None] | None = None,
     ) -> storage_pb2.BatchReadResponse:
-        """Send one batch and wait for its answer (at most ``timeout_s``)."""
+        """Send one batch and wait for its answer (at most ``timeout_s``).
+
+        ``dests``: the buffers of ios with frame destinations (needs :attr:`carries_payload`).
+        """
         if self.dead:
             raise self._closed_error()
         rid = next(self._ids)
@@ -360,12 +380,23 @@ class NodeReadStream:
             asyncio.get_running_loop().create_future()
         )
         self._pending[rid] = fut
+        laid = [False]
+        if dests is not None:
+            self._layouts[rid] = (ios, dests, laid)
         try:
             async with asyncio.timeout(timeout_s):
                 await self._send(
                     storage_pb2.BatchReadRequest(ios=ios, client_id=self.client_id, request_id=rid)
                 )
-                return await fut
+                resp = await fut
+            if dests is not None and not laid[0] and _frame_bytes(ios, dests, resp):
+                raise FsError(
+                    Code.TRANSPORT,
+                    f"storage.ReadStream@{self.address}: the answer's payload did not match "
+                    "its read lengths",
+                    retryable=True,
+                )
+            return resp
         except TimeoutError:
             if not self.dead:  # let the server drop the work, as a unary deadline would
                 self._outbox.append(storage_pb2.BatchReadRequest(request_id=rid, cancel=True))
@@ -378,6 +409,7 @@ class NodeReadStream:
             ) from None
         finally:
             self._pending.pop(rid, None)
+            self._layouts.pop(rid, None)
             if fut.done() and not fut.cancelled():
                 fut.exception()  # consumed here or raised above: no "never retrieved" noise
 
@@ -467,7 +499,16 @@ class StorageClient:
                 timeout_s: float,
                 dests: list[memoryview | None],
             ) -> storage_pb2.BatchReadResponse:
-                if any(d is not None for d in dests):
+                frames = any(d is not None for d in dests)
+                if self.use_read_streams and address not in self._no_stream:
+                    stream = self._read_stream(address)
+                    if not frames or stream.carries_payload:
+                        try:
+                            return await stream.request(ios, timeout_s, dests if frames else None)
+                        finally:
+                            if stream.unsupported:  # an old server: unary from now on
+                                self._no_stream.add(address)
+                if frames:
                     # frame destinations: the bytes come as the answer's payload
                     req = storage_pb2.BatchReadRequest(ios=ios, client_id=self.client_id)
                     laid = [False]
@@ -486,13 +527,6 @@ class StorageClient:
                             retryable=True,
                         )
                     return resp  # type: ignore[no-any-return]
-                if self.use_read_streams and address not in self._no_stream:
-                    stream = self._read_stream(address)
-                    try:
-                        return await stream.request(ios, timeout_s)
-                    finally:
-                        if stream.unsupported:  # an old server: unary from now on
-                            self._no_stream.add(address)
                 req = storage_pb2.BatchReadRequest(ios=ios, client_id=self.client_id)
                 return await call(
                     self._stub(address).BatchRead,
@@ -1048,6 +1082,19 @@ class StorageClient:
 
         lengths = await self._bounded([one(c) for c in dict.fromkeys(chains)])
         return max(lengths, default=0)
+
+
+def _frame_bytes(
+    ios: Sequence[storage_pb2.ReadIO],
+    dests: Sequence[memoryview | None],
+    resp: storage_pb2.BatchReadResponse,
+) -> int:
+    """Bytes an answer says it sent as payload for the frame-destined reads."""
+    return sum(
+        r.length
+        for d, r in zip(dests, resp.results, strict=False)
+        if d is not None and not r.error.code
+    )
 
 
 @contextlib.contextmanager

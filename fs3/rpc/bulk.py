@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fs3.rpc.native.server import NativeContext
+from fs3.rpc.native.server import NativeContext, StreamItem
 
 
 def request_payload(context: Any) -> memoryview | None:
@@ -35,3 +35,15 @@ def set_reply_payload(context: Any, buffers: list[Any]) -> None:
     if not isinstance(context, NativeContext):
         raise TypeError("only native calls carry a bulk payload")
     context.reply_payload = [memoryview(b).cast("B") for b in buffers] if buffers else None
+
+
+def with_payload(context: Any, message: Any, buffers: list[Any]) -> Any:
+    """A response-stream item: ``message`` followed by ``buffers`` as its bulk payload.
+
+    Only for calls that :func:`can_reply_payload`; without buffers it is the message itself.
+    """
+    if not buffers:
+        return message
+    if not isinstance(context, NativeContext):
+        raise TypeError("only native calls carry a bulk payload")
+    return StreamItem(message, [memoryview(b).cast("B") for b in buffers])

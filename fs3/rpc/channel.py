@@ -179,6 +179,17 @@ class BidiStream:
         except grpc.RpcError as e:
             raise from_rpc_error(e, self.what) from None
 
+    def set_payload_layout(self, into: Callable[[Any, int], Any]) -> bool:
+        """Receive each answer's bulk payload into the buffers ``into(body, length)`` names.
+
+        False on a call that carries no payloads (gRPC): the caller keeps inline bytes.
+        """
+        setter = getattr(self._call, "set_payload_layout", None)
+        if setter is None:
+            return False
+        setter(into)
+        return True
+
     def cancel(self) -> None:
         """Abort the call (the server's handler is cancelled too)."""
         self._call.cancel()

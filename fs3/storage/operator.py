@@ -177,8 +177,12 @@ class StorageOperator:
         self,
         requests: AsyncIterable[storage_pb2.BatchReadRequest],
         max_inflight: int = READ_STREAM_MAX_INFLIGHT,
-    ) -> AsyncIterator[storage_pb2.BatchReadResponse]:
+        frames: bool = False,
+    ) -> AsyncIterator[tuple[storage_pb2.BatchReadResponse, list[Any]]]:
         """Serve a ReadStream: every request concurrently, answers in completion order.
+
+        Yields (answer, payload buffers): with ``frames`` (the call can carry bulk
+        payloads) the bytes of frame-destined ios, as :meth:`batch_read` gives them.
 
         Why: a unary ``BatchRead`` costs about 1 ms of gRPC CPU per side here; a
         message on an open stream about a third of that. Each request runs through
@@ -191,23 +195,26 @@ class StorageOperator:
         and it gets no answer, as a unary deadline would. When the client goes
         away gRPC cancels this generator and the ``finally`` cancels every task.
         """
-        out: asyncio.Queue[storage_pb2.BatchReadResponse | None] = asyncio.Queue()
+        out: asyncio.Queue[tuple[storage_pb2.BatchReadResponse, list[Any]] | None] = asyncio.Queue()
         slots = asyncio.Semaphore(max(1, max_inflight))
         tasks: dict[int, asyncio.Task[None]] = {}  # request_id -> its task
 
         async def serve(req: storage_pb2.BatchReadRequest) -> None:
+            reply: list[Any] = []
             try:
                 try:
-                    resp = await self.batch_read(req)
+                    resp = await self.batch_read(req, reply if frames else None)
                 except FsError as e:
                     resp = self._failed_batch(req, e)
+                    reply.clear()
                 except Exception as e:  # a bug must not end the stream: answer INTERNAL
                     log.exception("read stream request %d failed", req.request_id)
                     resp = self._failed_batch(
                         req, FsError(Code.INTERNAL, f"read failed: {type(e).__name__}: {e}")
                     )
+                    reply.clear()
                 resp.request_id = req.request_id
-                out.put_nowait(resp)
+                out.put_nowait((resp, reply))
             finally:
                 slots.release()
 

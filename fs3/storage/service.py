@@ -12,7 +12,7 @@ from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 from fs3.proto import storage_pb2, storage_pb2_grpc
-from fs3.rpc.bulk import can_reply_payload, request_payload, set_reply_payload
+from fs3.rpc.bulk import can_reply_payload, request_payload, set_reply_payload, with_payload
 from fs3.storage.operator import StorageOperator
 
 
@@ -44,8 +44,9 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     async def ReadStream(
         self, request_iterator: AsyncIterable[storage_pb2.BatchReadRequest], context: Any
     ) -> AsyncIterator[storage_pb2.BatchReadResponse]:
-        async for resp in self.op.read_stream(request_iterator):
-            yield resp
+        frames = can_reply_payload(context)
+        async for resp, payload in self.op.read_stream(request_iterator, frames=frames):
+            yield with_payload(context, resp, payload) if payload else resp
 
     async def QueryLastChunk(
         self, request: storage_pb2.QueryLastChunkRequest, context: Any

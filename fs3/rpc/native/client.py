@@ -86,9 +86,11 @@ def _keepalive(sock: socket.socket) -> None:
 class _StreamState:
     """Receiving half of one streaming call."""
 
-    __slots__ = ("queue", "waiter", "done", "error", "nbytes")
+    __slots__ = ("queue", "waiter", "done", "error", "nbytes", "into")
 
     def __init__(self) -> None:
+        # lays out the bulk payload of a response message (StreamCall.set_payload_layout)
+        self.into: Scatter | None = None
         self.queue: collections.deque[tuple[bytes | memoryview, int]] = collections.deque()
         self.waiter: asyncio.Future[None] | None = None
         self.done = False
@@ -182,6 +184,13 @@ class ClientConnection(FrameReceiver):
     def payload_buffer(
         self, kind: int, request_id: int, length: int, body: bytes | memoryview
     ) -> wire.Payload:
+        if kind == MESSAGE:
+            st = self._streams.get(request_id)
+            if st is not None and st.into is not None:
+                views = st.into(body, length)
+                if views is not None and sum(len(v) for v in views) == length:
+                    return views
+            return memoryview(bytearray(length))
         dest = self._dests.get(request_id)
         if kind == REPLY and dest is not None:
             if isinstance(dest, memoryview):
@@ -576,6 +585,7 @@ class StreamCall:
         self._cancelled = False
         self._finished = False
         self._writer: asyncio.Task[None] | None = None
+        self._into: Scatter | None = None
         iterator = None
         first: bytes | None = None
         if request is not None:
@@ -592,6 +602,14 @@ class StreamCall:
         conn = await self._f._channel.connection(timeout)
         self._conn = conn
         self._rid, self._st = conn.open_stream(self._f._mid, first, timeout)
+        self._st.into = self._into
+
+    def set_payload_layout(self, into: Scatter) -> None:
+        """Receive the bulk payload of each response message into the buffers
+        ``into(body, length)`` names (None: into a scratch buffer, dropped)."""
+        self._into = into
+        if self._st is not None:
+            self._st.into = into
 
     async def _ready(self) -> ClientConnection:
         if self._cancelled:

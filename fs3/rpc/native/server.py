@@ -91,6 +91,16 @@ class Limits:
         )
 
 
+class StreamItem:
+    """A response-stream message with a bulk payload (see :func:`fs3.rpc.bulk.with_payload`)."""
+
+    __slots__ = ("message", "payload")
+
+    def __init__(self, message: Any, payload: list[memoryview]) -> None:
+        self.message = message
+        self.payload = payload
+
+
 class _Aborted(Exception):
     """Raised by :meth:`NativeContext.abort`; carries the serialized ErrorDetail."""
 
@@ -414,13 +424,7 @@ class ServerConnection(FrameReceiver):
                     Code.INVALID_ARGUMENT,
                     f"{method.path}: answer of {len(body)} bytes exceeds {self.max_body}",
                 )
-            reply_len = wire.payload_len(ctx.reply_payload)
-            if reply_len > self.max_payload:
-                raise FsError(
-                    Code.INVALID_ARGUMENT,
-                    f"{method.path}: answer payload of {reply_len} bytes exceeds "
-                    f"{self.max_payload} (ask for less per call)",
-                )
+            self._check_reply_payload(method, ctx.reply_payload)
             if self._write_paused:
                 await self._writable()
             self._send(REPLY, method.id, rid, body, ctx.reply_payload)
@@ -432,12 +436,28 @@ class ServerConnection(FrameReceiver):
         finally:
             self._end_call(rid, call)
 
+    def _check_reply_payload(self, method: Method, payload: Any) -> None:
+        """An answer's payload above the limit would make the client drop the connection."""
+        n = wire.payload_len(payload)
+        if n > self.max_payload:
+            raise FsError(
+                Code.INVALID_ARGUMENT,
+                f"{method.path}: answer payload of {n} bytes exceeds {self.max_payload} "
+                "(ask for less per call)",
+            )
+
     async def _run_stream(self, rid: int, call: _Call, agen: Any) -> None:
         method = call.method
         try:
             async for item in agen:
                 if self._write_paused:
                     await self._writable()
+                if isinstance(item, StreamItem):
+                    self._check_reply_payload(method, item.payload)
+                    self._send(
+                        MESSAGE, method.id, rid, item.message.SerializeToString(), item.payload
+                    )
+                    continue
                 self._send(MESSAGE, method.id, rid, item.SerializeToString())
             self._send(END, method.id, rid, b"")
         except asyncio.CancelledError:

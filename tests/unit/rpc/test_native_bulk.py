@@ -21,8 +21,8 @@ from fs3.config import RpcSection
 from fs3.errors import Code, FsError
 from fs3.proto import storage_pb2, storage_pb2_grpc
 from fs3.rpc import settings
-from fs3.rpc.bulk import can_reply_payload, request_payload, set_reply_payload
-from fs3.rpc.channel import ChannelPool, call
+from fs3.rpc.bulk import can_reply_payload, request_payload, set_reply_payload, with_payload
+from fs3.rpc.channel import BidiStream, ChannelPool, call
 from fs3.rpc.loop import run
 from fs3.rpc.server import add_servicer, bind, create_server
 
@@ -63,10 +63,20 @@ class BulkStorage(storage_pb2_grpc.StorageServiceServicer):
             set_reply_payload(context, out)
         return resp
 
+    async def ReadStream(self, requests: Any, context: Any) -> Any:
+        src = memoryview(self.source)
+        async for req in requests:
+            resp = storage_pb2.BatchReadResponse(request_id=req.request_id)
+            out = []
+            for io in req.ios:
+                resp.results.add().length = io.length
+                out.append(src[io.offset : io.offset + io.length])
+            yield with_payload(context, resp, out) if can_reply_payload(context) else resp
+
 
 class Node:
-    def __init__(self) -> None:
-        self.server = create_server(RpcSection())
+    def __init__(self, rpc: RpcSection | None = None) -> None:
+        self.server = create_server(rpc or RpcSection())
         self.storage = BulkStorage()
         add_servicer(
             self.server, storage_pb2_grpc.add_StorageServiceServicer_to_server, self.storage
@@ -214,3 +224,54 @@ def test_frame_ref_bounds() -> None:
     with pytest.raises(FsError):
         frame_slice(ref, memoryview(bytes(9)))
     assert bytes(frame_slice(ref, memoryview(bytes(range(12))))) == bytes(range(10))
+
+
+def test_stream_messages_scatter_into_each_requests_buffers() -> None:
+    """ReadStream answers carry their bytes as payloads laid out per message."""
+
+    async def main() -> None:
+        settings.configure(RpcSection())
+        async with Node() as node:
+            pool = ChannelPool("native")
+            stub = storage_pb2_grpc.StorageServiceStub(pool.get(node.address))
+            src = memoryview(node.storage.source)
+            bufs = {rid: [memoryview(bytearray(n)) for n in (4096, 300_000)] for rid in (1, 2)}
+
+            def layout(body: Any, length: int) -> list[memoryview] | None:
+                resp = storage_pb2.BatchReadResponse.FromString(bytes(body))
+                return bufs[resp.request_id]
+
+            bidi = BidiStream(stub.ReadStream)
+            assert bidi.set_payload_layout(layout)
+            for rid in (1, 2):
+                req = _read_req((rid * 10, 4096), (rid * 1000, 300_000))
+                req.request_id = rid
+                await bidi.write(req)
+            await bidi.done_writing()
+            got = [r.request_id async for r in bidi.responses()]
+            assert sorted(got) == [1, 2]
+            for rid in (1, 2):
+                assert bufs[rid][0] == src[rid * 10 : rid * 10 + 4096]
+                assert bufs[rid][1] == src[rid * 1000 : rid * 1000 + 300_000]
+            await pool.close()
+
+    run(main())
+
+
+def test_answer_payload_above_the_limit_fails_alone() -> None:
+    """The server refuses to send an answer payload its peer would drop the connection for."""
+
+    async def main() -> None:
+        settings.configure(RpcSection())
+        async with Node(RpcSection(max_payload_bytes=MIB)) as node:
+            pool = ChannelPool("native")
+            stub = storage_pb2_grpc.StorageServiceStub(pool.get(node.address))
+            dest = memoryview(bytearray(2 * MIB))
+            with pytest.raises(FsError) as ei:
+                await call(stub.BatchRead, _read_req((0, 2 * MIB)), timeout=10, into=dest)
+            assert ei.value.code == Code.INVALID_ARGUMENT and "exceeds" in ei.value.message
+            _, n = await call(stub.BatchRead, _read_req((0, MIB)), timeout=10, into=dest)
+            assert n == MIB and node.server.native.connections == 1
+            await pool.close()
+
+    run(main())
