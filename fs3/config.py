@@ -191,9 +191,9 @@ class StorageSection:
 class TransportSection:
     """Bulk data transport (chunk payloads)."""
 
-    kind: str = "grpc"  # grpc | tcp | shm
-    tcp_port: int = 0  # storage: port of the framed TCP data listener (0 = free port)
-    timeout_s: float = 30.0  # a tcp frame that does not arrive in this time fails (retryable)
+    kind: str = "grpc"  # grpc | tcp (alias of grpc) | shm; native RPC: grpc bytes ride the frame
+    tcp_port: int = 0  # unused: the tcp data listener folded into the native RPC (old configs load)
+    timeout_s: float = 30.0  # unused since that fold (accepted so old configs load)
     region_check_interval_s: float = 1.0  # storage: drop shm regions of dead owner pids this often
     shm_staging_bytes: int = (
         64 << 20

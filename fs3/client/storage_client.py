@@ -22,7 +22,12 @@
   servers without the stream. A broken stream fails its pending reads with a
   retryable error and is reopened on the next read.
 * Payloads move through the configured :class:`~fs3.transport.base.ClientTransport`
-  (inline gRPC bytes, framed TCP, or shared memory).
+  (inline gRPC bytes, framed TCP, or shared memory), except that over the native
+  RPC transport every kind but shm sends them as the frame's bulk payload
+  (``frame`` DataRefs): a write's bytes go out from the caller's buffer, a
+  batch's read bytes are received straight into each read's destination
+  (scattered by the answer's per-io lengths), on the ReadStream as on the
+  unary ``BatchRead``.
 """
 
 from __future__ import annotations
@@ -44,7 +49,15 @@ from fs3.client.routing import Routing
 from fs3.errors import Code, FsError
 from fs3.proto import storage_pb2, storage_pb2_grpc
 from fs3.rpc.channel import BidiStream, ChannelPool, call
-from fs3.transport.base import ClientTransport, is_inline
+from fs3.transport.base import (
+    DONE,
+    ClientTransport,
+    ReadCompletion,
+    _noop_complete,
+    batch_read_scatter,
+    frame_ref,
+    is_inline,
+)
 
 log = logging.getLogger("fs3.client.storage")
 
@@ -80,6 +93,15 @@ _TRY_OTHER_REPLICA = frozenset(
 )
 
 MAX_CHANNELS = 65535
+
+# bytes asked for per batch: an answer's bulk payload stays far below the native
+# transport's payload limit ([rpc] max_payload_bytes, 64 MiB by default)
+MAX_BATCH_READ_BYTES = 16 << 20
+
+# a queued read: (io, timeout, its future, its destination when io.dest is a frame ref)
+_Queued = tuple[
+    storage_pb2.ReadIO, float, "asyncio.Future[storage_pb2.ReadResult]", memoryview | None
+]
 
 
 class ChannelAllocator:
@@ -131,24 +153,28 @@ class ReadBatcher:
 
     def __init__(
         self,
-        send: Callable[[list[storage_pb2.ReadIO], float], Awaitable[storage_pb2.BatchReadResponse]],
+        send: Callable[
+            [list[storage_pb2.ReadIO], float, list[memoryview | None]],
+            Awaitable[storage_pb2.BatchReadResponse],
+        ],
         max_ios: int = MAX_BATCH_READ_IOS,
+        max_bytes: int = MAX_BATCH_READ_BYTES,
     ) -> None:
         self._send = send
         self._max = max(1, max_ios)
-        self._queue: list[
-            tuple[storage_pb2.ReadIO, float, asyncio.Future[storage_pb2.ReadResult]]
-        ] = []
+        self._max_bytes = max_bytes
+        self._queue: list[_Queued] = []
         self._scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.stats = {"rpcs": 0, "ios": 0}
 
     def submit(
-        self, io: storage_pb2.ReadIO, timeout_s: float
+        self, io: storage_pb2.ReadIO, timeout_s: float, dest: memoryview | None = None
     ) -> asyncio.Future[storage_pb2.ReadResult]:
+        """Queue one read; ``dest`` receives its bytes when ``io.dest`` is a frame ref."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[storage_pb2.ReadResult] = loop.create_future()
-        self._queue.append((io, timeout_s, fut))
+        self._queue.append((io, timeout_s, fut, dest))
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
@@ -160,44 +186,56 @@ class ReadBatcher:
         live = [
             item for item in queue if not item[2].done()
         ]  # callers cancelled meanwhile need nothing
-        for i in range(0, len(live), self._max):
-            t = asyncio.ensure_future(self._send_batch(live[i : i + self._max]))
-            self._tasks.add(t)
-            t.add_done_callback(self._tasks.discard)
+        batch: list[_Queued] = []
+        nbytes = 0
+        for item in live:
+            n = item[0].length
+            if batch and (len(batch) >= self._max or nbytes + n > self._max_bytes):
+                self._start(batch)
+                batch, nbytes = [], 0
+            batch.append(item)
+            nbytes += n
+        if batch:
+            self._start(batch)
 
-    async def _send_batch(
-        self, items: list[tuple[storage_pb2.ReadIO, float, asyncio.Future[storage_pb2.ReadResult]]]
-    ) -> None:
+    def _start(self, batch: list[_Queued]) -> None:
+        t = asyncio.ensure_future(self._send_batch(batch))
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    async def _send_batch(self, items: list[_Queued]) -> None:
         self.stats["rpcs"] += 1
         self.stats["ios"] += len(items)
         try:
-            resp = await self._send([io for io, _, _ in items], max(t for _, t, _ in items))
+            resp = await self._send(
+                [it[0] for it in items], max(it[1] for it in items), [it[3] for it in items]
+            )
             if len(resp.results) != len(items):
                 raise FsError(
                     Code.INTERNAL,
                     f"BatchRead returned {len(resp.results)} results for {len(items)} ios",
                 )
         except FsError as e:
-            for _, _, fut in items:
-                if not fut.done():
-                    fut.set_exception(
+            for it in items:
+                if not it[2].done():
+                    it[2].set_exception(
                         FsError(e.code, e.message, errno=e.errno, retryable=e.retryable)
                     )
             return
         except (
             BaseException
         ) as e:  # cancelled (client closing) or a bug: never leave a caller hanging
-            for _, _, fut in items:
-                if not fut.done():
-                    fut.set_exception(
+            for it in items:
+                if not it[2].done():
+                    it[2].set_exception(
                         FsError(Code.UNAVAILABLE, f"BatchRead aborted: {e!r}", retryable=True)
                     )
             if isinstance(e, asyncio.CancelledError):
                 raise
             return
-        for (_, _, fut), r in zip(items, resp.results, strict=True):
-            if not fut.done():
-                fut.set_result(r)
+        for it, r in zip(items, resp.results, strict=True):
+            if not it[2].done():
+                it[2].set_result(r)
 
 
 class NodeReadStream:
@@ -234,7 +272,21 @@ class NodeReadStream:
         self._writing = False
         self._drainer: asyncio.Task[None] | None = None
         self._stream = open_call()
+        # frame-destined reads: rid -> (ios, their buffers, laid flag); the answers'
+        # payloads are received straight into those buffers (native transport only)
+        self._layouts: dict[
+            int, tuple[list[storage_pb2.ReadIO], list[memoryview | None], list[bool]]
+        ] = {}
+        self.carries_payload = self._stream.set_payload_layout(self._layout)
         self._reader = asyncio.create_task(self._read_loop(), name=f"fs3-read-stream-{address}")
+
+    def _layout(self, body: bytes | memoryview, length: int) -> list[memoryview] | None:
+        rid = storage_pb2.BatchReadResponse.FromString(bytes(body)).request_id
+        entry = self._layouts.get(rid)
+        if entry is None:  # given up on (timeout): the bytes are dropped
+            return None
+        ios, dests, laid = entry
+        return batch_read_scatter(ios, dests, laid)(body, length)
 
     async def _send(self, req: storage_pb2.BatchReadRequest) -> None:
         """Write ``req`` now, or queue it behind the write in progress (which sends it)."""
@@ -312,9 +364,15 @@ class NodeReadStream:
                 )
 
     async def request(
-        self, ios: list[storage_pb2.ReadIO], timeout_s: float
+        self,
+        ios: list[storage_pb2.ReadIO],
+        timeout_s: float,
+        dests: list[memoryview | None] | None = None,
     ) -> storage_pb2.BatchReadResponse:
-        """Send one batch and wait for its answer (at most ``timeout_s``)."""
+        """Send one batch and wait for its answer (at most ``timeout_s``).
+
+        ``dests``: the buffers of ios with frame destinations (needs :attr:`carries_payload`).
+        """
         if self.dead:
             raise self._closed_error()
         rid = next(self._ids)
@@ -322,12 +380,23 @@ class NodeReadStream:
             asyncio.get_running_loop().create_future()
         )
         self._pending[rid] = fut
+        laid = [False]
+        if dests is not None:
+            self._layouts[rid] = (ios, dests, laid)
         try:
             async with asyncio.timeout(timeout_s):
                 await self._send(
                     storage_pb2.BatchReadRequest(ios=ios, client_id=self.client_id, request_id=rid)
                 )
-                return await fut
+                resp = await fut
+            if dests is not None and not laid[0] and _frame_bytes(ios, dests, resp):
+                raise FsError(
+                    Code.TRANSPORT,
+                    f"storage.ReadStream@{self.address}: the answer's payload did not match "
+                    "its read lengths",
+                    retryable=True,
+                )
+            return resp
         except TimeoutError:
             if not self.dead:  # let the server drop the work, as a unary deadline would
                 self._outbox.append(storage_pb2.BatchReadRequest(request_id=rid, cancel=True))
@@ -340,6 +409,7 @@ class NodeReadStream:
             ) from None
         finally:
             self._pending.pop(rid, None)
+            self._layouts.pop(rid, None)
             if fut.done() and not fut.cancelled():
                 fut.exception()  # consumed here or raised above: no "never retrieved" noise
 
@@ -398,6 +468,8 @@ class StorageClient:
         # Reads travel on one ReadStream per node (NodeReadStream); BatchRead is the
         # fallback for servers without it (and for use_read_streams=False).
         self.use_read_streams = use_read_streams
+        # chunk bytes as the native frame's payload (not for shm: one-sided is cheaper)
+        self._frames = pool.carries_payload and transport.kind != "shm"
         self._streams: dict[str, NodeReadStream] = {}
         self._no_stream: set[str] = set()
         self.stats = {
@@ -423,15 +495,38 @@ class StorageClient:
         if b is None:
 
             async def send(
-                ios: list[storage_pb2.ReadIO], timeout_s: float
+                ios: list[storage_pb2.ReadIO],
+                timeout_s: float,
+                dests: list[memoryview | None],
             ) -> storage_pb2.BatchReadResponse:
+                frames = any(d is not None for d in dests)
                 if self.use_read_streams and address not in self._no_stream:
                     stream = self._read_stream(address)
-                    try:
-                        return await stream.request(ios, timeout_s)
-                    finally:
-                        if stream.unsupported:  # an old server: unary from now on
-                            self._no_stream.add(address)
+                    if not frames or stream.carries_payload:
+                        try:
+                            return await stream.request(ios, timeout_s, dests if frames else None)
+                        finally:
+                            if stream.unsupported:  # an old server: unary from now on
+                                self._no_stream.add(address)
+                if frames:
+                    # frame destinations: the bytes come as the answer's payload
+                    req = storage_pb2.BatchReadRequest(ios=ios, client_id=self.client_id)
+                    laid = [False]
+                    resp, n = await call(
+                        self._stub(address).BatchRead,
+                        req,
+                        timeout=timeout_s,
+                        what=f"storage.BatchRead@{address}",
+                        into=batch_read_scatter(ios, dests, laid),
+                    )
+                    if n and not laid[0]:
+                        raise FsError(
+                            Code.TRANSPORT,
+                            f"storage.BatchRead@{address}: payload of {n} bytes does not match "
+                            "the answer's read lengths",
+                            retryable=True,
+                        )
+                    return resp  # type: ignore[no-any-return]
                 req = storage_pb2.BatchReadRequest(ios=ios, client_id=self.client_id)
                 return await call(
                     self._stub(address).BatchRead,
@@ -563,7 +658,13 @@ class StorageClient:
                 if n > 1:
                     self.stats["write_retries"] += 1
                 head, node, version = self._head(self._routing(), p.chain_id)
-                ref, sent = await self.transport.write_ref(node.address, node.data_address, data)
+                bulk: memoryview | None = None
+                if self._frames:
+                    bulk, ref, sent = data, frame_ref(len(data)), DONE
+                else:
+                    ref, sent = await self.transport.write_ref(
+                        node.address, node.data_address, data
+                    )
                 req = storage_pb2.WriteRequest(
                     io=storage_pb2.UpdateIO(
                         chain_id=p.chain_id,
@@ -586,6 +687,7 @@ class StorageClient:
                         req,
                         timeout=self._timeout(deadline),
                         what=f"storage.Write@{node.address}",
+                        payload=bulk,
                     )
                 finally:
                     await _settle(sent)
@@ -683,7 +785,12 @@ class StorageClient:
         version: int,
         deadline: Deadline,
     ) -> None:
-        ref, complete = await self.transport.read_ref(node.address, node.data_address, dest)
+        frame = self._frames
+        complete: ReadCompletion = _noop_complete
+        if frame:
+            ref = frame_ref(len(dest))
+        else:
+            ref, complete = await self.transport.read_ref(node.address, node.data_address, dest)
         io = storage_pb2.ReadIO(
             chain_id=p.chain_id,
             chain_version=version,
@@ -694,7 +801,9 @@ class StorageClient:
             target_id=target,
         )
         # One BatchRead per node per loop turn carries every read issued meanwhile (see ReadBatcher).
-        r = await self._batcher(node.address).submit(io, self._timeout(deadline))
+        r = await self._batcher(node.address).submit(
+            io, self._timeout(deadline), dest if frame else None
+        )
         if r.error.code:
             if r.error.code == Code.CHUNK_NOT_FOUND:
                 dest[:] = bytes(len(dest))  # a hole
@@ -718,7 +827,7 @@ class StorageClient:
                     retryable=True,
                 )
             dest[:got] = r.data
-        else:
+        elif not frame:  # frame: the bytes were received into dest with the answer
             await complete(got)
         if self.verify_read_checksums and got and crc32c.crc32c(dest[:got]) != r.checksum:
             self.stats["checksum_errors"] += 1
@@ -973,6 +1082,19 @@ class StorageClient:
 
         lengths = await self._bounded([one(c) for c in dict.fromkeys(chains)])
         return max(lengths, default=0)
+
+
+def _frame_bytes(
+    ios: Sequence[storage_pb2.ReadIO],
+    dests: Sequence[memoryview | None],
+    resp: storage_pb2.BatchReadResponse,
+) -> int:
+    """Bytes an answer says it sent as payload for the frame-destined reads."""
+    return sum(
+        r.length
+        for d, r in zip(dests, resp.results, strict=False)
+        if d is not None and not r.error.code
+    )
 
 
 @contextlib.contextmanager

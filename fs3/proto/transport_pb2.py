@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0ftransport.proto\x12\x06\x66s3.v1\"8\n\x06ShmRef\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\">\n\x06TcpRef\x12\x0f\n\x07\x63onn_id\x18\x01 \x01(\x04\x12\x13\n\x0btransfer_id\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\"a\n\x07\x44\x61taRef\x12\x10\n\x06inline\x18\x01 \x01(\x0cH\x00\x12\x1d\n\x03shm\x18\x02 \x01(\x0b\x32\x0e.fs3.v1.ShmRefH\x00\x12\x1d\n\x03tcp\x18\x03 \x01(\x0b\x32\x0e.fs3.v1.TcpRefH\x00\x42\x06\n\x04kind\"c\n\x15RegisterRegionRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\x0b\n\x03pid\x18\x05 \x01(\x05\"\x18\n\x16RegisterRegionResponse\"<\n\x17UnregisterRegionRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\"\x1a\n\x18UnregisterRegionResponse2\xba\x01\n\x10TransportService\x12O\n\x0eRegisterRegion\x12\x1d.fs3.v1.RegisterRegionRequest\x1a\x1e.fs3.v1.RegisterRegionResponse\x12U\n\x10UnregisterRegion\x12\x1f.fs3.v1.UnregisterRegionRequest\x1a .fs3.v1.UnregisterRegionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0ftransport.proto\x12\x06\x66s3.v1\"8\n\x06ShmRef\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\">\n\x06TcpRef\x12\x0f\n\x07\x63onn_id\x18\x01 \x01(\x04\x12\x13\n\x0btransfer_id\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\"*\n\x08\x46rameRef\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0e\n\x06length\x18\x02 \x01(\x04\"\x84\x01\n\x07\x44\x61taRef\x12\x10\n\x06inline\x18\x01 \x01(\x0cH\x00\x12\x1d\n\x03shm\x18\x02 \x01(\x0b\x32\x0e.fs3.v1.ShmRefH\x00\x12\x1d\n\x03tcp\x18\x03 \x01(\x0b\x32\x0e.fs3.v1.TcpRefH\x00\x12!\n\x05\x66rame\x18\x04 \x01(\x0b\x32\x10.fs3.v1.FrameRefH\x00\x42\x06\n\x04kind\"c\n\x15RegisterRegionRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\x0b\n\x03pid\x18\x05 \x01(\x05\"\x18\n\x16RegisterRegionResponse\"<\n\x17UnregisterRegionRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\"\x1a\n\x18UnregisterRegionResponse2\xba\x01\n\x10TransportService\x12O\n\x0eRegisterRegion\x12\x1d.fs3.v1.RegisterRegionRequest\x1a\x1e.fs3.v1.RegisterRegionResponse\x12U\n\x10UnregisterRegion\x12\x1f.fs3.v1.UnregisterRegionRequest\x1a .fs3.v1.UnregisterRegionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,16 +35,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SHMREF']._serialized_end=83
   _globals['_TCPREF']._serialized_start=85
   _globals['_TCPREF']._serialized_end=147
-  _globals['_DATAREF']._serialized_start=149
-  _globals['_DATAREF']._serialized_end=246
-  _globals['_REGISTERREGIONREQUEST']._serialized_start=248
-  _globals['_REGISTERREGIONREQUEST']._serialized_end=347
-  _globals['_REGISTERREGIONRESPONSE']._serialized_start=349
-  _globals['_REGISTERREGIONRESPONSE']._serialized_end=373
-  _globals['_UNREGISTERREGIONREQUEST']._serialized_start=375
-  _globals['_UNREGISTERREGIONREQUEST']._serialized_end=435
-  _globals['_UNREGISTERREGIONRESPONSE']._serialized_start=437
-  _globals['_UNREGISTERREGIONRESPONSE']._serialized_end=463
-  _globals['_TRANSPORTSERVICE']._serialized_start=466
-  _globals['_TRANSPORTSERVICE']._serialized_end=652
+  _globals['_FRAMEREF']._serialized_start=149
+  _globals['_FRAMEREF']._serialized_end=191
+  _globals['_DATAREF']._serialized_start=194
+  _globals['_DATAREF']._serialized_end=326
+  _globals['_REGISTERREGIONREQUEST']._serialized_start=328
+  _globals['_REGISTERREGIONREQUEST']._serialized_end=427
+  _globals['_REGISTERREGIONRESPONSE']._serialized_start=429
+  _globals['_REGISTERREGIONRESPONSE']._serialized_end=453
+  _globals['_UNREGISTERREGIONREQUEST']._serialized_start=455
+  _globals['_UNREGISTERREGIONREQUEST']._serialized_end=515
+  _globals['_UNREGISTERREGIONRESPONSE']._serialized_start=517
+  _globals['_UNREGISTERREGIONRESPONSE']._serialized_end=543
+  _globals['_TRANSPORTSERVICE']._serialized_start=546
+  _globals['_TRANSPORTSERVICE']._serialized_end=732
 # @@protoc_insertion_point(module_scope)

@@ -25,15 +25,25 @@ class TcpRef(_message.Message):
     length: int
     def __init__(self, conn_id: _Optional[int] = ..., transfer_id: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
+class FrameRef(_message.Message):
+    __slots__ = ("offset", "length")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    length: int
+    def __init__(self, offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+
 class DataRef(_message.Message):
-    __slots__ = ("inline", "shm", "tcp")
+    __slots__ = ("inline", "shm", "tcp", "frame")
     INLINE_FIELD_NUMBER: _ClassVar[int]
     SHM_FIELD_NUMBER: _ClassVar[int]
     TCP_FIELD_NUMBER: _ClassVar[int]
+    FRAME_FIELD_NUMBER: _ClassVar[int]
     inline: bytes
     shm: ShmRef
     tcp: TcpRef
-    def __init__(self, inline: _Optional[bytes] = ..., shm: _Optional[_Union[ShmRef, _Mapping]] = ..., tcp: _Optional[_Union[TcpRef, _Mapping]] = ...) -> None: ...
+    frame: FrameRef
+    def __init__(self, inline: _Optional[bytes] = ..., shm: _Optional[_Union[ShmRef, _Mapping]] = ..., tcp: _Optional[_Union[TcpRef, _Mapping]] = ..., frame: _Optional[_Union[FrameRef, _Mapping]] = ...) -> None: ...
 
 class RegisterRegionRequest(_message.Message):
     __slots__ = ("client_id", "region", "path", "size", "pid")

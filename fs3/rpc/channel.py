@@ -74,6 +74,11 @@ class ChannelPool:
         self.transport = transport or settings.current().transport
         self._channels: dict[str, Any] = {}
 
+    @property
+    def carries_payload(self) -> bool:
+        """True if calls on this pool's channels take ``payload=``/``into=`` (native frames)."""
+        return self.transport == "native"
+
     def get(self, address: str) -> Any:
         ch = self._channels.get(address)
         if ch is None:
@@ -100,13 +105,20 @@ async def call(
     *,
     timeout: float | None = None,  # noqa: ASYNC109 - gRPC's deadline travels to the server
     what: str = "",
+    payload: Any = None,
+    into: Any = None,
 ) -> T:
     """Invoke a grpc.aio stub method, mapping failures to ``FsError``.
 
     ``timeout`` is gRPC's per-call deadline (the server sees it too), which is why it is
-    a parameter rather than an ``asyncio.timeout`` around the call.
+    a parameter rather than an ``asyncio.timeout`` around the call. ``payload`` and
+    ``into`` are bulk bytes beside the message (:mod:`fs3.rpc.native.client`; only
+    on a pool whose :attr:`ChannelPool.carries_payload`); with ``into`` the result
+    is ``(response, payload_len)``.
     """
     try:
+        if payload is not None or into is not None:
+            return await method(request, timeout=timeout, payload=payload, into=into)
         return await method(request, timeout=timeout)
     except grpc.RpcError as e:
         raise from_rpc_error(e, what or _method_name(method)) from None
@@ -166,6 +178,17 @@ class BidiStream:
                 yield item
         except grpc.RpcError as e:
             raise from_rpc_error(e, self.what) from None
+
+    def set_payload_layout(self, into: Callable[[Any, int], Any]) -> bool:
+        """Receive each answer's bulk payload into the buffers ``into(body, length)`` names.
+
+        False on a call that carries no payloads (gRPC): the caller keeps inline bytes.
+        """
+        setter = getattr(self._call, "set_payload_layout", None)
+        if setter is None:
+            return False
+        setter(into)
+        return True
 
     def cancel(self) -> None:
         """Abort the call (the server's handler is cancelled too)."""

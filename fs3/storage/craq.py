@@ -48,7 +48,7 @@ from fs3.rpc.channel import ChannelPool, call
 from fs3.storage import metrics as M
 from fs3.storage.chunk_engine import ChunkKey, ChunkMeta, PendingUpdate, crc32c
 from fs3.storage.target import L_OFFLINE, StorageTarget, TargetMap
-from fs3.transport.base import ClientTransport
+from fs3.transport.base import ClientTransport, frame_ref, frame_slice, ref_kind
 
 log = logging.getLogger("fs3.storage.craq")
 
@@ -107,6 +107,11 @@ class Peers:
             s = storage_pb2_grpc.StorageServiceStub(self._pool.get(address))
             self._stubs[address] = s
         return s
+
+    @property
+    def carries_payload(self) -> bool:
+        """True if Update calls can carry the chunk bytes as a frame payload (native RPC)."""
+        return self._pool.carries_payload
 
     async def close(self) -> None:
         self._stubs.clear()
@@ -283,10 +288,16 @@ class Replicator:
                 raise invalid(f"range end {end} exceeds chunk size {io.chunk_size}")
         return ChunkKey(io.chunk.inode, io.chunk.index)
 
-    async def fetch_payload(self, io: storage_pb2.UpdateIO) -> bytes | bytearray | memoryview:
+    async def fetch_payload(
+        self, io: storage_pb2.UpdateIO, frame: memoryview | None = None
+    ) -> bytes | bytearray | memoryview:
+        """The update's bytes, checked; ``frame`` is the request's bulk payload (native)."""
         if io.type != WRITE:
             return b""
-        data = await self.payload.fetch(io.data)
+        if ref_kind(io.data) == "frame":
+            data: bytes | bytearray | memoryview = frame_slice(io.data, frame)
+        else:
+            data = await self.payload.fetch(io.data)
         if len(data) != io.length:
             raise invalid(f"payload has {len(data)} bytes, request says {io.length}")
         got = crc32c(data)
@@ -302,14 +313,18 @@ class Replicator:
     # ------------------------------------------------------------------ entry points
 
     async def client_update(
-        self, io: storage_pb2.UpdateIO, tag: storage_pb2.UpdateTag, target_id: int = 0
+        self,
+        io: storage_pb2.UpdateIO,
+        tag: storage_pb2.UpdateTag,
+        target_id: int = 0,
+        frame: memoryview | None = None,
     ) -> storage_pb2.IOResult:
         """An update from a client: this node must hold the chain's head."""
         key = self.validate(io)
         t = self.targets.resolve(io.chain_id, target_id)
         self.check_version(t, io.chain_version)
         self.check_head(t)
-        data = await self.fetch_payload(io)
+        data = await self.fetch_payload(io, frame)
         op = _TYPES[io.type]
         started = time.perf_counter()
         try:
@@ -371,7 +386,9 @@ class Replicator:
                 Code.NO_SPACE, f"target {t.target_id} is full: refusing new chunks", retryable=False
             )
 
-    async def successor_update(self, req: storage_pb2.UpdateRequest) -> storage_pb2.IOResult:
+    async def successor_update(
+        self, req: storage_pb2.UpdateRequest, frame: memoryview | None = None
+    ) -> storage_pb2.IOResult:
         """An update forwarded by our predecessor (or a resync transfer)."""
         io = req.io
         key = self.validate(io)
@@ -385,7 +402,7 @@ class Replicator:
             raise FsError(
                 Code.TARGET_NOT_SERVING, f"target {t.target_id} is syncing: only full-chunk updates"
             )
-        data = await self.fetch_payload(io)
+        data = await self.fetch_payload(io, frame)
         eng = t.engine
         async with t.locks.hold(key):
             self.check_version(t, io.chain_version)
@@ -790,10 +807,19 @@ class Replicator:
         from_target: int,
         to_target: int,
     ) -> storage_pb2.IOResult:
-        """One ``Update`` RPC to a successor, the payload through the forwarding transport."""
+        """One ``Update`` RPC to a successor, the payload through the forwarding transport.
+
+        Over the native RPC transport (unless forwarding uses shm) the payload is
+        the frame's bulk payload: sent from ``payload`` as is, received by the
+        successor straight into its own buffer.
+        """
         sent: Awaitable[None] | None = None
+        bulk: memoryview | None = None
         if payload is not None:
-            if self.forward is not None:
+            if self.peers.carries_payload and (self.forward is None or self.forward.kind != "shm"):
+                bulk = memoryview(payload)
+                fio.data.CopyFrom(frame_ref(len(bulk)))
+            elif self.forward is not None:
                 ref, sent = await self.forward.write_ref(address, data_address, memoryview(payload))
                 fio.data.CopyFrom(ref)
             else:
@@ -809,6 +835,7 @@ class Replicator:
             req,
             timeout=self.cfg.forward_timeout_s,
             what=f"Update@target{to_target}",
+            payload=bulk,
         )
         if sent is not None:
             await sent

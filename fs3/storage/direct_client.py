@@ -24,12 +24,18 @@ from fs3.errors import Code, FsError
 from fs3.proto import mgmtd_pb2, storage_pb2, storage_pb2_grpc
 from fs3.rpc.channel import ChannelPool, call
 from fs3.storage.chunk_engine import crc32c
-from fs3.transport import ClientTransport, client_transport, is_inline
+from fs3.transport import ClientTransport, client_transport, frame_ref, is_inline
+from fs3.transport.base import batch_read_scatter
 
 T = TypeVar("T")
 
-MAX_BATCH_READS = 1024  # the server's per-request limit (operator.MAX_READ_IOS)
+# at most the server's per-request limit (operator.MAX_READ_IOS); 256 x 64 KiB keeps an
+# answer's bulk payload far below the native transport's payload limit
+MAX_BATCH_READS = 256
 BATCH_READ_MAX_BYTES = 64 << 10  # only reads up to this size share a BatchRead
+
+# a queued read: (io, its future, the buffer its bytes land in over native frames)
+_Read = tuple[storage_pb2.ReadIO, "asyncio.Future[storage_pb2.ReadResult]", memoryview]
 
 
 class RoutingSource:
@@ -69,14 +75,14 @@ class DirectStorageClient:
         self.rpc_timeout_s = rpc_timeout_s
         self.routing = Routing.empty()
         self._pool = ChannelPool()
+        # chunk bytes as the native frame's payload (not for shm: one-sided is cheaper)
+        self._frames = self._pool.carries_payload and self.transport.kind != "shm"
         self._stubs: dict[str, storage_pb2_grpc.StorageServiceStub] = {}
         self._seq = itertools.count(1)
         self._channels = itertools.cycle(range(1, 65536))
         self._rng = random.Random(0)
         self.retries = 0
-        self._read_queues: dict[
-            str, list[tuple[storage_pb2.ReadIO, asyncio.Future[storage_pb2.ReadResult]]]
-        ] = {}
+        self._read_queues: dict[str, list[_Read]] = {}
         self._bg: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
@@ -159,14 +165,20 @@ class DirectStorageClient:
             )
             io.chunk.inode, io.chunk.index = inode, index
             sent: Any = None
+            bulk: memoryview | None = None
             if type == storage_pb2.UPDATE_WRITE:
-                ref, sent = await self.transport.write_ref(node.address, node.data_address, mv)
-                io.data.CopyFrom(ref)
+                if self._frames:  # the bytes are the frame's payload (fs3.client.storage_client)
+                    bulk = mv
+                    io.data.CopyFrom(frame_ref(len(mv)))
+                else:
+                    ref, sent = await self.transport.write_ref(node.address, node.data_address, mv)
+                    io.data.CopyFrom(ref)
             resp = await call(
                 self.stub(node.address).Write,
                 storage_pb2.WriteRequest(io=io, tag=tag, target_id=head),
                 timeout=self.rpc_timeout_s,
                 what=f"Write@{node.address}",
+                payload=bulk,
             )
             if sent is not None:
                 await sent
@@ -217,9 +229,13 @@ class DirectStorageClient:
                     )
                 tid = self._rng.choice(serving)
             node = r.node_of_target(tid)
-            ref, complete = await self.transport.read_ref(
-                node.address, node.data_address, dest[:length]
-            )
+            complete: Any = None
+            if self._frames:
+                ref = frame_ref(length)
+            else:
+                ref, complete = await self.transport.read_ref(
+                    node.address, node.data_address, dest[:length]
+                )
             rio = storage_pb2.ReadIO(
                 chain_id=chain_id,
                 chain_version=r.chain_version(chain_id),
@@ -229,17 +245,20 @@ class DirectStorageClient:
             )
             rio.chunk.inode, rio.chunk.index = inode, index
             rio.dest.CopyFrom(ref)
-            res = await self._batched_read(node.address, rio)
+            res = await self._batched_read(node.address, rio, dest[:length])
             if res.error.code:
                 raise FsError(res.error.code, res.error.message, retryable=res.error.retryable)
             if is_inline(ref):
                 return res.data, res
-            await complete(res.length)
+            if complete is not None:
+                await complete(res.length)
             return dest[: res.length], res
 
         return await self._retry("read", attempt)
 
-    async def _batched_read(self, address: str, rio: storage_pb2.ReadIO) -> storage_pb2.ReadResult:
+    async def _batched_read(
+        self, address: str, rio: storage_pb2.ReadIO, dest: memoryview
+    ) -> storage_pb2.ReadResult:
         """Send ``rio`` in one ``BatchRead`` together with every read for ``address`` issued meanwhile.
 
         Why: one RPC costs far more CPU than serving a small read, so concurrent
@@ -252,13 +271,13 @@ class DirectStorageClient:
         if rio.length > BATCH_READ_MAX_BYTES:
             # Large reads: the RPC overhead is small next to the transfer, and a
             # batch answers only when its slowest read is done (no pipelining).
-            await self._send_reads(address, [(rio, fut)])
+            await self._send_reads(address, [(rio, fut, dest)])
             return fut.result()
         q = self._read_queues.get(address)
         if q is None:
             q = self._read_queues[address] = []
             loop.call_soon(self._flush_reads, address)
-        q.append((rio, fut))
+        q.append((rio, fut, dest))
         return await fut
 
     def _flush_reads(self, address: str) -> None:
@@ -273,18 +292,36 @@ class DirectStorageClient:
     async def _send_reads(
         self,
         address: str,
-        batch: list[tuple[storage_pb2.ReadIO, asyncio.Future[storage_pb2.ReadResult]]],
+        batch: list[_Read],
     ) -> None:
-        live = [(r, f) for r, f in batch if not f.done()]
+        live = [(r, f) for r, f, _ in batch if not f.done()]
+        dests: list[memoryview | None] = [d for _, f, d in batch if not f.done()]
         if not live:
             return
         try:
-            resp = await call(
-                self.stub(address).BatchRead,
-                storage_pb2.BatchReadRequest(ios=[r for r, _ in live], client_id=self.client_id),
-                timeout=self.rpc_timeout_s,
-                what=f"BatchRead@{address}",
-            )
+            req = storage_pb2.BatchReadRequest(ios=[r for r, _ in live], client_id=self.client_id)
+            if self._frames:  # the bytes land in each read's buffer with the answer
+                laid = [False]
+                resp, n = await call(
+                    self.stub(address).BatchRead,
+                    req,
+                    timeout=self.rpc_timeout_s,
+                    what=f"BatchRead@{address}",
+                    into=batch_read_scatter(req.ios, dests, laid),
+                )
+                if n and not laid[0]:
+                    raise FsError(
+                        Code.TRANSPORT,
+                        f"BatchRead@{address}: payload does not match the read lengths",
+                        retryable=True,
+                    )
+            else:
+                resp = await call(
+                    self.stub(address).BatchRead,
+                    req,
+                    timeout=self.rpc_timeout_s,
+                    what=f"BatchRead@{address}",
+                )
             if len(resp.results) != len(live):
                 raise FsError(
                     Code.INTERNAL,

@@ -2,7 +2,7 @@
 
 :class:`StorageNode` wires the parts: a chunk engine per target directory, the
 gRPC server (StorageService + the transport's TransportService), the server
-transport (tcp data listener, shm regions), and the loops that talk to mgmtd:
+transport (shm regions), and the loops that talk to mgmtd:
 
 - registration, then a heartbeat every ``heartbeat_interval_s`` and right after
   any local state change, reporting each target's local state, space and the

@@ -1,7 +1,9 @@
 """gRPC adapter of the storage service: every handler forwards to :class:`StorageOperator`.
 
 Thin on purpose (3FS ``StorageSerdeService``): no logic, no grpc imports;
-``FsError`` becomes a status with ``ErrorDetail`` in ``fs3.rpc.server``.
+``FsError`` becomes a status with ``ErrorDetail`` in ``fs3.rpc.server``. Over the
+native transport the chunk bytes of Write/Update/BatchRead travel as the
+frame's bulk payload (``frame`` DataRefs): :mod:`fs3.rpc.bulk` hands them over.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 from fs3.proto import storage_pb2, storage_pb2_grpc
+from fs3.rpc.bulk import can_reply_payload, request_payload, set_reply_payload, with_payload
 from fs3.storage.operator import StorageOperator
 
 
@@ -20,23 +23,30 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     async def Write(
         self, request: storage_pb2.WriteRequest, context: Any
     ) -> storage_pb2.WriteResponse:
-        return await self.op.write(request)
+        return await self.op.write(request, request_payload(context))
 
     async def Update(
         self, request: storage_pb2.UpdateRequest, context: Any
     ) -> storage_pb2.UpdateResponse:
-        return await self.op.update(request)
+        return await self.op.update(request, request_payload(context))
 
     async def BatchRead(
         self, request: storage_pb2.BatchReadRequest, context: Any
     ) -> storage_pb2.BatchReadResponse:
-        return await self.op.batch_read(request)
+        if not can_reply_payload(context):
+            return await self.op.batch_read(request)
+        reply: list[Any] = []
+        resp = await self.op.batch_read(request, reply)
+        if reply:
+            set_reply_payload(context, reply)
+        return resp
 
     async def ReadStream(
         self, request_iterator: AsyncIterable[storage_pb2.BatchReadRequest], context: Any
     ) -> AsyncIterator[storage_pb2.BatchReadResponse]:
-        async for resp in self.op.read_stream(request_iterator):
-            yield resp
+        frames = can_reply_payload(context)
+        async for resp, payload in self.op.read_stream(request_iterator, frames=frames):
+            yield with_payload(context, resp, payload) if payload else resp
 
     async def QueryLastChunk(
         self, request: storage_pb2.QueryLastChunkRequest, context: Any

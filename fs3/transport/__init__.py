@@ -13,8 +13,11 @@ from fs3.transport.base import (
     KINDS,
     ClientTransport,
     DataRef,
+    FrameRef,
     ShmRef,
     TcpRef,
+    frame_ref,
+    frame_slice,
     inline_read_ref,
     is_inline,
     ref_kind,
@@ -29,23 +32,20 @@ from fs3.transport.shm import is_region_error
 def client_transport(
     kind: str, client_id: str, config: Any = None, **kwargs: Any
 ) -> ClientTransport:
-    """A client transport of ``kind`` (grpc | tcp | shm | rdma).
+    """A client transport of ``kind`` (grpc | tcp | shm | rdma); tcp is an alias of grpc.
 
     ``config`` may be a :class:`fs3.config.TransportSection` whose tunables are
     used; ``kwargs`` override them (tests pass short timeouts).
     """
     from fs3.transport.inline import InlineClientTransport
     from fs3.transport.shm import ShmClientTransport
-    from fs3.transport.tcp import TcpClientTransport
 
-    if kind == "grpc":
-        return InlineClientTransport(client_id)
-    if kind == "tcp":
-        opts: dict[str, Any] = {}
-        if config is not None:
-            opts["timeout_s"] = config.timeout_s
-        opts.update(kwargs)
-        return TcpClientTransport(client_id, **opts)
+    if kind in ("grpc", "tcp"):
+        # "tcp" once named a separate framed data connection; it folded into the
+        # native RPC transport, whose frames carry the bytes as their bulk payload
+        # (the storage clients choose that whenever the RPC is native and the kind
+        # is not shm). It stays accepted so existing configs keep working.
+        return InlineClientTransport(client_id, kind=kind)
     if kind == "shm":
         opts = {}
         if config is not None:
@@ -66,12 +66,15 @@ __all__ = [
     "KINDS",
     "ClientTransport",
     "DataRef",
+    "FrameRef",
     "ServerTransport",
     "ShmRef",
     "ShmRegion",
     "TcpRef",
     "buffer_address",
     "client_transport",
+    "frame_ref",
+    "frame_slice",
     "inline_read_ref",
     "is_inline",
     "is_region_error",

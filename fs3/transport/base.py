@@ -5,19 +5,24 @@ kind); it carries a :class:`~fs3.proto.transport_pb2.DataRef` naming where the
 payload is. Client and server agree on the bytes through a transport:
 
 * ``grpc`` (:mod:`fs3.transport.inline`): the bytes are in the DataRef.
-* ``tcp`` (:mod:`fs3.transport.tcp`): a framed binary protocol on one plain
-  socket per (client, storage node), ``recv_into`` the destination and
-  ``sendmsg``/``sendfile`` from the source; the DataRef names (connection,
-  transfer id).
+* ``tcp``: an alias of ``grpc`` kept for existing configs. It once named a
+  separate framed data connection; that folded into the native RPC transport
+  (below), one framed protocol for control and bulk. ``TcpRef`` is retired.
 * ``shm`` (:mod:`fs3.transport.shm`): the client registers shared-memory
   regions with each storage node; the DataRef names (region, offset, length)
   and the server reads/writes the region directly (one-sided, like RDMA).
 * ``rdma`` (:mod:`fs3.transport.rdma`): where verbs would go; not shipped.
 
+Whatever the kind, when the RPC itself travels over the native transport
+(``[rpc] transport = "native"``) and the kind is not ``shm``, the storage
+client and storage-to-storage forwarding put a ``frame`` DataRef instead: the
+bytes are the bulk payload of the same RPC frame (:mod:`fs3.rpc.bulk`),
+received straight into the destination buffer on either side.
+
 Client side (one :class:`ClientTransport` per process / event loop)::
 
     ref, sent = await t.write_ref(node_address, data_address, payload)
-    resp = await storage_rpc(..., data=ref)      # meanwhile tcp sends the frame
+    resp = await storage_rpc(..., data=ref)
     await sent                                   # keep `sent` alive until the RPC returned
 
     ref, complete = await t.read_ref(node_address, data_address, dest)
@@ -30,7 +35,7 @@ process) — ``await fetch(ref)`` for the write path, ``await deliver_file(ref,
 fd, offset, length)`` / ``await deliver_bytes(ref, data)`` for the read path.
 
 Lifetimes: the awaitable returned by ``write_ref`` and the callable returned by
-``read_ref`` own transport resources (a staging slot, a pending tcp transfer).
+``read_ref`` own transport resources (a staging slot).
 They are released when completed, or when the object is garbage-collected
 (an RPC that failed before ``complete`` was called simply drops it).
 """
@@ -38,11 +43,11 @@ They are released when completed, or when the object is garbage-collected
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from fs3.errors import Code, FsError
-from fs3.proto import transport_pb2
+from fs3.proto import storage_pb2, transport_pb2
 
 if TYPE_CHECKING:
     from fs3.transport.region import ShmRegion
@@ -50,14 +55,15 @@ if TYPE_CHECKING:
 DataRef = transport_pb2.DataRef
 ShmRef = transport_pb2.ShmRef
 TcpRef = transport_pb2.TcpRef
+FrameRef = transport_pb2.FrameRef
 
-KINDS = ("grpc", "tcp", "shm", "rdma")
+KINDS = ("grpc", "tcp", "shm", "rdma")  # tcp: an alias of grpc (see above)
 
 ReadCompletion = Callable[[int], Awaitable[None]]
 
 
 def ref_kind(ref: transport_pb2.DataRef) -> str:
-    """``"inline"``, ``"shm"`` or ``"tcp"``; an empty DataRef counts as inline."""
+    """``"inline"``, ``"shm"``, ``"tcp"`` or ``"frame"``; an empty DataRef counts as inline."""
     return ref.WhichOneof("kind") or "inline"
 
 
@@ -73,7 +79,35 @@ def ref_length(ref: transport_pb2.DataRef) -> int:
         return len(ref.inline)
     if kind == "shm":
         return int(ref.shm.length)
+    if kind == "frame":
+        return int(ref.frame.length)
     return int(ref.tcp.length)
+
+
+def frame_ref(length: int) -> transport_pb2.DataRef:
+    """A DataRef naming the whole bulk payload of its own frame (write: ``length``
+    bytes sent with the request; read: a destination of ``length`` bytes)."""
+    return transport_pb2.DataRef(frame=transport_pb2.FrameRef(offset=0, length=length))
+
+
+def frame_slice(ref: transport_pb2.DataRef, payload: memoryview | None) -> memoryview:
+    """The bytes a ``frame`` DataRef names inside the request's bulk payload.
+
+    INVALID_ARGUMENT (nothing changes) when the request has no payload (e.g. it
+    came over gRPC) or the range is outside it.
+    """
+    if payload is None:
+        raise FsError(
+            Code.INVALID_ARGUMENT,
+            "frame DataRef without a frame payload (only the native transport carries one)",
+        )
+    off, n = int(ref.frame.offset), int(ref.frame.length)
+    if off + n > len(payload):
+        raise FsError(
+            Code.INVALID_ARGUMENT,
+            f"frame DataRef [{off}, {off + n}) outside the {len(payload)}-byte payload",
+        )
+    return payload[off : off + n]
 
 
 def inline_read_ref() -> transport_pb2.DataRef:
@@ -81,6 +115,38 @@ def inline_read_ref() -> transport_pb2.DataRef:
     ref = transport_pb2.DataRef()
     ref.inline = b""
     return ref
+
+
+def batch_read_scatter(
+    ios: Sequence[storage_pb2.ReadIO], dests: Sequence[memoryview | None], laid: list[bool]
+) -> Callable[[bytes | memoryview, int], list[memoryview] | None]:
+    """Lay a BatchRead answer's payload over the reads' own buffers.
+
+    The server appends the bytes of each successful frame-destined read in io
+    order, ``results[i].length`` long; anything else (a length beyond the
+    buffer, a total that does not match) is refused, the payload is dropped
+    and ``laid[0]`` stays False.
+    """
+
+    def layout(body: bytes | memoryview, length: int) -> list[memoryview] | None:
+        resp = storage_pb2.BatchReadResponse.FromString(bytes(body))
+        if len(resp.results) != len(ios):
+            return None
+        views: list[memoryview] = []
+        total = 0
+        for io, d, r in zip(ios, dests, resp.results, strict=True):
+            if d is None or r.error.code or not r.length or ref_kind(io.dest) != "frame":
+                continue
+            if r.length > len(d):
+                return None
+            views.append(d[: r.length])
+            total += r.length
+        if total != length:
+            return None
+        laid[0] = True
+        return views
+
+    return layout
 
 
 def transport_error(message: str) -> FsError:

@@ -14,7 +14,7 @@ transport is one module implementing the same two halves:
   RDMA READ of the client's range into a registered server buffer and awaits
   its completion; ``deliver_file`` reads the chunk into a registered buffer and
   posts an RDMA WRITE (3FS does the same: storage pulls writes, pushes reads);
-  a connection manager (rdma_cm) per client replaces the tcp data listener.
+  a connection manager (rdma_cm) per client beside the native RPC connection.
 
 This kernel has no InfiniBand/RoCE support and no verbs library, so rather than
 ship untested code, selecting ``rdma`` fails clearly.
@@ -29,6 +29,6 @@ def rdma_client_transport(client_id: str) -> None:
     """Always raises: RDMA is not implemented in fs3 (see the module docstring)."""
     raise FsError(
         Code.NOT_IMPLEMENTED,
-        "the rdma transport is not implemented (no RDMA on this platform); use tcp or shm",
+        "the rdma transport is not implemented (no RDMA on this platform); use grpc (native frame payloads) or shm",
         retryable=False,
     )

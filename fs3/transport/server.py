@@ -1,12 +1,14 @@
 """Server half of the transports: one :class:`ServerTransport` per storage process.
 
-A storage server accepts every kind of DataRef at once (inline, shm, tcp), so a
-cluster can mix clients (a remote client on tcp, a local FUSE daemon on shm,
-storage-to-storage forwarding on tcp or inline). Wiring::
+A storage server accepts inline and shm DataRefs here, so a cluster can mix
+clients (a remote client over the network, a local FUSE daemon on shm).
+``frame`` refs (the bytes are the native RPC frame's bulk payload) never get
+here: the storage servicer takes them from the call (:mod:`fs3.rpc.bulk`).
+Wiring::
 
     st = ServerTransport.from_config(cfg.transport)
     add_servicer(grpc_server, transport_pb2_grpc.add_TransportServiceServicer_to_server, st.servicer)
-    await st.start(host)            # data_address is now "host:port" (tcp) or ""
+    await st.start(host)
     ... advertise st.data_address with the node's routing info ...
     payload = await st.fetch(req.data)                          # write path
     await st.deliver_bytes(req.dest, data)  # read path (not inline): verified bytes
@@ -23,7 +25,11 @@ from fs3.errors import invalid
 from fs3.proto import transport_pb2
 from fs3.transport.base import ref_kind
 from fs3.transport.shm import ShmRegistry, preadv_into
-from fs3.transport.tcp import TcpServer
+
+_NOT_HERE = (
+    "{kind} DataRef: the tcp data transport is the native RPC's frame payload now; "
+    "frame refs are served by the storage service itself"
+)
 
 
 class TransportServicer:
@@ -49,9 +55,6 @@ class ServerTransport:
     """Serves DataRefs of every kind for one storage process.
 
     Args:
-        tcp: start the framed TCP data listener (``data_address`` stays "" if not).
-        tcp_port: its port (0 picks a free one).
-        timeout_s: how long ``fetch`` waits for a tcp frame before a retryable TRANSPORT error.
         region_check_interval_s: how often regions of dead owner pids are dropped.
         pread_thread_threshold: shm reads larger than this run ``preadv`` in a worker thread.
     """
@@ -59,49 +62,27 @@ class ServerTransport:
     def __init__(
         self,
         *,
-        tcp: bool = True,
-        tcp_port: int = 0,
-        timeout_s: float = 30.0,
         region_check_interval_s: float = 1.0,
         pread_thread_threshold: int = 256 << 10,
     ) -> None:
         self.regions = ShmRegistry(region_check_interval_s)
         self.servicer = TransportServicer(self.regions)
-        self._tcp = TcpServer(port=tcp_port, timeout_s=timeout_s) if tcp else None
         self._pread_thread_threshold = pread_thread_threshold
 
     @classmethod
     def from_config(cls, cfg: TransportSection) -> ServerTransport:
-        return cls(
-            tcp=True,
-            tcp_port=cfg.tcp_port,
-            timeout_s=cfg.timeout_s,
-            region_check_interval_s=cfg.region_check_interval_s,
-        )
+        return cls(region_check_interval_s=cfg.region_check_interval_s)
 
     @property
     def data_address(self) -> str:
-        """``host:port`` of the tcp data listener, "" if there is none (or not started)."""
-        return self._tcp.address if self._tcp is not None else ""
-
-    @property
-    def tcp(self) -> TcpServer | None:
-        return self._tcp
+        """Always "": no separate data listener (bulk bytes ride the RPC connection)."""
+        return ""
 
     async def start(self, host: str) -> None:
         await self.regions.start()
-        if self._tcp is not None:
-            await self._tcp.start(host)
 
     async def stop(self) -> None:
-        if self._tcp is not None:
-            await self._tcp.stop()
         await self.regions.stop()
-
-    def _tcp_server(self) -> TcpServer:
-        if self._tcp is None:
-            raise invalid("this storage node does not serve the tcp transport")
-        return self._tcp
 
     # -- write path --------------------------------------------------------------
 
@@ -115,7 +96,7 @@ class ServerTransport:
             return memoryview(ref.inline)
         if kind == "shm":
             return self.regions.view(ref.shm)
-        return await self._tcp_server().fetch(ref.tcp)
+        raise invalid(_NOT_HERE.format(kind=kind))
 
     # -- read path ----------------------------------------------------------------
 
@@ -142,8 +123,8 @@ class ServerTransport:
                 )
             finally:
                 view.release()
-        if kind == "tcp":
-            return await self._tcp_server().deliver_file(ref.tcp, fd, offset, length)
+        if kind != "inline":
+            raise invalid(_NOT_HERE.format(kind=kind))
         raise invalid(
             "inline DataRef: return the bytes in the RPC response instead of delivering them"
         )
@@ -180,8 +161,8 @@ class ServerTransport:
                 return len(src)
             finally:
                 view.release()
-        if kind == "tcp":
-            return await self._tcp_server().deliver_bytes(ref.tcp, src)
+        if kind != "inline":
+            raise invalid(_NOT_HERE.format(kind=kind))
         raise invalid(
             "inline DataRef: return the bytes in the RPC response instead of delivering them"
         )

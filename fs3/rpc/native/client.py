@@ -16,6 +16,10 @@ Bulk payloads: a unary call may pass ``payload=`` (bytes-like, sent after the
 request body without a copy into protobuf) and ``into=`` (a writable buffer
 the response's payload is received into). A call with ``into`` returns
 ``(response, payload_len)``; the bytes are then in ``into[:payload_len]``.
+``into`` may also be a :data:`Scatter` callable: given the response body and
+the payload length once the body has arrived, it returns the buffers the
+payload fills in order (adding up to that length), or None to refuse (the
+payload is then received into a scratch buffer and dropped).
 
 One connection per channel (reconnected after a failure) carries every call,
 multiplexed by request id. Same-host servers are reached over their Unix
@@ -28,6 +32,7 @@ import asyncio
 import collections
 import contextlib
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from fs3.errors import Code, FsError
@@ -49,6 +54,10 @@ from fs3.rpc.native.wire import (
 )
 
 CONNECT_TIMEOUT_S = 10.0
+
+# lays a response payload out over the caller's buffers (see the module docstring)
+Scatter = Callable[[bytes | memoryview, int], "list[memoryview] | None"]
+Into = memoryview | Scatter
 
 
 def _unavailable(what: str, why: str) -> FsError:
@@ -77,9 +86,11 @@ def _keepalive(sock: socket.socket) -> None:
 class _StreamState:
     """Receiving half of one streaming call."""
 
-    __slots__ = ("queue", "waiter", "done", "error", "nbytes")
+    __slots__ = ("queue", "waiter", "done", "error", "nbytes", "into")
 
     def __init__(self) -> None:
+        # lays out the bulk payload of a response message (StreamCall.set_payload_layout)
+        self.into: Scatter | None = None
         self.queue: collections.deque[tuple[bytes | memoryview, int]] = collections.deque()
         self.waiter: asyncio.Future[None] | None = None
         self.done = False
@@ -105,7 +116,7 @@ class ClientConnection(FrameReceiver):
         self._next_rid = 1
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._streams: dict[int, _StreamState] = {}
-        self._dests: dict[int, memoryview] = {}
+        self._dests: dict[int, Into] = {}
         self._inflight = 0
         self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._write_paused = False
@@ -170,10 +181,25 @@ class ClientConnection(FrameReceiver):
 
     # -- receiving ---------------------------------------------------------------
 
-    def payload_buffer(self, kind: int, request_id: int, length: int) -> memoryview:
+    def payload_buffer(
+        self, kind: int, request_id: int, length: int, body: bytes | memoryview
+    ) -> wire.Payload:
+        if kind == MESSAGE:
+            st = self._streams.get(request_id)
+            if st is not None and st.into is not None:
+                views = st.into(body, length)
+                if views is not None and sum(len(v) for v in views) == length:
+                    return views
+            return memoryview(bytearray(length))
         dest = self._dests.get(request_id)
-        if dest is not None and len(dest) >= length:
-            return dest[:length]
+        if kind == REPLY and dest is not None:
+            if isinstance(dest, memoryview):
+                if len(dest) >= length:
+                    return dest[:length]
+            else:
+                views = dest(body, length)
+                if views is not None and sum(len(v) for v in views) == length:
+                    return views
         return memoryview(bytearray(length))
 
     def frame_received(
@@ -184,7 +210,7 @@ class ClientConnection(FrameReceiver):
         request_id: int,
         timeout_ms: int,
         body: bytes | memoryview,
-        payload: memoryview | None,
+        payload: wire.Payload | None,
     ) -> None:
         if kind == REPLY or kind == ERROR:
             fut = self._pending.pop(request_id, None)
@@ -294,8 +320,8 @@ class ClientConnection(FrameReceiver):
         body: bytes,
         timeout: float | None,  # noqa: ASYNC109 - travels to the server as the deadline
         payload: Any = None,
-        into: memoryview | None = None,
-    ) -> tuple[bytes | memoryview, memoryview | None]:
+        into: Into | None = None,
+    ) -> tuple[bytes | memoryview, wire.Payload | None]:
         if len(body) > self.max_body or (payload is not None and len(payload) > self.max_payload):
             # the server would close the connection (and every call on it) for this frame
             raise FsError(
@@ -500,7 +526,7 @@ class UnaryUnary:
         *,
         timeout: float | None = None,  # noqa: ASYNC109 - travels to the server as the deadline
         payload: Any = None,
-        into: memoryview | None = None,
+        into: Into | None = None,
         **_: Any,
     ) -> Any:
         ch = self._channel
@@ -512,7 +538,7 @@ class UnaryUnary:
         )
         resp = self._deser(body)
         if into is not None:
-            return resp, (len(pl) if pl is not None else 0)
+            return resp, wire.payload_len(pl)
         if pl is not None:
             return resp, pl
         return resp
@@ -559,6 +585,7 @@ class StreamCall:
         self._cancelled = False
         self._finished = False
         self._writer: asyncio.Task[None] | None = None
+        self._into: Scatter | None = None
         iterator = None
         first: bytes | None = None
         if request is not None:
@@ -575,6 +602,14 @@ class StreamCall:
         conn = await self._f._channel.connection(timeout)
         self._conn = conn
         self._rid, self._st = conn.open_stream(self._f._mid, first, timeout)
+        self._st.into = self._into
+
+    def set_payload_layout(self, into: Scatter) -> None:
+        """Receive the bulk payload of each response message into the buffers
+        ``into(body, length)`` names (None: into a scratch buffer, dropped)."""
+        self._into = into
+        if self._st is not None:
+            self._st.into = into
 
     async def _ready(self) -> ClientConnection:
         if self._cancelled:

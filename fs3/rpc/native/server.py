@@ -91,6 +91,16 @@ class Limits:
         )
 
 
+class StreamItem:
+    """A response-stream message with a bulk payload (see :func:`fs3.rpc.bulk.with_payload`)."""
+
+    __slots__ = ("message", "payload")
+
+    def __init__(self, message: Any, payload: list[memoryview]) -> None:
+        self.message = message
+        self.payload = payload
+
+
 class _Aborted(Exception):
     """Raised by :meth:`NativeContext.abort`; carries the serialized ErrorDetail."""
 
@@ -102,13 +112,16 @@ class _Aborted(Exception):
 class NativeContext:
     """What fs3 handlers (and ``guard_servicer``) use of a grpc ServicerContext.
 
-    ``payload`` is the request's bulk payload (None without one); a handler
-    that answers with bulk bytes sets :attr:`reply_payload`.
+    ``payload`` is the request's bulk payload (None without one), received
+    straight into its own buffer; a handler that answers with bulk bytes sets
+    :attr:`reply_payload` to one buffer or a list of buffers sent in order
+    (written with the header in one ``writelines``, never joined). Handlers
+    reach both through :mod:`fs3.rpc.bulk`, which also works on gRPC contexts.
     """
 
     __slots__ = ("payload", "reply_payload", "_detail", "_deadline", "peer_name")
 
-    def __init__(self, payload: memoryview | None, deadline: float | None, peer: str) -> None:
+    def __init__(self, payload: wire.Payload | None, deadline: float | None, peer: str) -> None:
         self.payload = payload
         self.reply_payload: Any = None
         self._detail: bytes | None = None
@@ -311,7 +324,7 @@ class ServerConnection(FrameReceiver):
         request_id: int,
         timeout_ms: int,
         body: bytes | memoryview,
-        payload: memoryview | None,
+        payload: wire.Payload | None,
     ) -> None:
         if kind == CALL:
             self._start_call(flags, method_id, request_id, timeout_ms, body, payload)
@@ -324,7 +337,7 @@ class ServerConnection(FrameReceiver):
                     f"stream message for {call.method.path}, which takes no request stream"
                 )
             msg = self._decode(call.method, body)
-            size = len(body) + (len(payload) if payload is not None else 0)
+            size = len(body) + wire.payload_len(payload)
             self._acquire(size)
             call.queue.put_nowait((msg, size))
         elif kind == HALF_CLOSE:
@@ -353,7 +366,7 @@ class ServerConnection(FrameReceiver):
         rid: int,
         timeout_ms: int,
         body: bytes | memoryview,
-        payload: memoryview | None,
+        payload: wire.Payload | None,
     ) -> None:
         entry = self.server.handlers.get(mid)
         if entry is None:
@@ -372,7 +385,7 @@ class ServerConnection(FrameReceiver):
         request = self._decode(method, body) if flags & HAS_MESSAGE else None
         if request is None and not method.client_streaming:
             raise ProtocolViolation(f"CALL of {method.path} without its request message")
-        size = len(body) + (len(payload) if payload is not None else 0)
+        size = len(body) + wire.payload_len(payload)
         call = _Call(method, size)
         self._calls[rid] = call
         self._acquire(size)
@@ -411,6 +424,7 @@ class ServerConnection(FrameReceiver):
                     Code.INVALID_ARGUMENT,
                     f"{method.path}: answer of {len(body)} bytes exceeds {self.max_body}",
                 )
+            self._check_reply_payload(method, ctx.reply_payload)
             if self._write_paused:
                 await self._writable()
             self._send(REPLY, method.id, rid, body, ctx.reply_payload)
@@ -422,12 +436,28 @@ class ServerConnection(FrameReceiver):
         finally:
             self._end_call(rid, call)
 
+    def _check_reply_payload(self, method: Method, payload: Any) -> None:
+        """An answer's payload above the limit would make the client drop the connection."""
+        n = wire.payload_len(payload)
+        if n > self.max_payload:
+            raise FsError(
+                Code.INVALID_ARGUMENT,
+                f"{method.path}: answer payload of {n} bytes exceeds {self.max_payload} "
+                "(ask for less per call)",
+            )
+
     async def _run_stream(self, rid: int, call: _Call, agen: Any) -> None:
         method = call.method
         try:
             async for item in agen:
                 if self._write_paused:
                     await self._writable()
+                if isinstance(item, StreamItem):
+                    self._check_reply_payload(method, item.payload)
+                    self._send(
+                        MESSAGE, method.id, rid, item.message.SerializeToString(), item.payload
+                    )
+                    continue
                 self._send(MESSAGE, method.id, rid, item.SerializeToString())
             self._send(END, method.id, rid, b"")
         except asyncio.CancelledError:
@@ -464,12 +494,13 @@ class ServerConnection(FrameReceiver):
         t = self._transport
         if t is None or self._closed:
             return
-        if payload is None:
+        n = wire.payload_len(payload)
+        if not n:
             self.write_frame(t, wire.pack(kind, HAS_MESSAGE, mid, rid, 0, body))
+        elif isinstance(payload, list):
+            self.write_frame(t, wire.pack(kind, HAS_MESSAGE, mid, rid, 0, body, n), *payload)
         else:
-            self.write_frame(
-                t, wire.pack(kind, HAS_MESSAGE, mid, rid, 0, body, len(payload)), payload
-            )
+            self.write_frame(t, wire.pack(kind, HAS_MESSAGE, mid, rid, 0, body, n), payload)
 
     # -- flow control -------------------------------------------------------------
 

@@ -24,7 +24,10 @@ from an unchecked number.
 are parsed out of one reusable receive buffer; a body too large for it gets a
 buffer of exactly its (checked) size, and a bulk payload is received straight
 into the destination the subclass names (:meth:`FrameReceiver.payload_buffer`),
-e.g. the caller's read buffer, so bulk bytes are not copied by Python.
+e.g. the caller's read buffer, so bulk bytes are not copied by Python. The
+destination may be a list of buffers (scatter: the payload of one BatchRead
+answer lands in each read's own buffer); the frame's body is parsed by then,
+so the subclass can lay the payload out from the message it describes.
 """
 
 from __future__ import annotations
@@ -64,6 +67,19 @@ KIND_NAMES = {
 HAS_MESSAGE = 0x01
 
 RECV_BUFFER_BYTES = 256 * 1024
+
+
+# a frame's payload: one buffer, or several filled in order (scatter)
+Payload = memoryview | list[memoryview]
+
+
+def payload_len(payload: Payload | None) -> int:
+    """Bytes of a received payload (0 for none)."""
+    if payload is None:
+        return 0
+    if isinstance(payload, list):
+        return sum(len(v) for v in payload)
+    return len(payload)
 
 
 class ProtocolViolation(Exception):
@@ -108,7 +124,8 @@ class FrameReceiver(asyncio.BufferedProtocol):
         self._direct_pos = 0
         self._held: tuple[int, int, int, int, int, int] | None = None  # header of that frame
         self._held_body: bytes | memoryview = b""
-        self._held_payload: memoryview | None = None
+        self._held_payload: Payload | None = None
+        self._scatter: list[memoryview] = []  # buffers of a scattered payload still to fill
         self._preface_needed = self.expect_preface
         self._broken = False
         # set by a subclass that has stopped reading (flow control): frames
@@ -154,12 +171,17 @@ class FrameReceiver(asyncio.BufferedProtocol):
         request_id: int,
         timeout_ms: int,
         body: bytes | memoryview,
-        payload: memoryview | None,
+        payload: Payload | None,
     ) -> None:
         raise NotImplementedError
 
-    def payload_buffer(self, kind: int, request_id: int, length: int) -> memoryview:
-        """Where the ``length`` payload bytes of this frame go (default: a new buffer)."""
+    def payload_buffer(
+        self, kind: int, request_id: int, length: int, body: bytes | memoryview
+    ) -> Payload:
+        """Where the ``length`` payload bytes of this frame go (default: a new buffer).
+
+        A list of buffers must add up to exactly ``length`` bytes (scatter).
+        """
         return memoryview(bytearray(length))
 
     def preface_received(self, preface: bytes) -> bool:
@@ -190,6 +212,10 @@ class FrameReceiver(asyncio.BufferedProtocol):
             if self._direct is not None:
                 self._direct_pos += nbytes
                 if self._direct_pos < len(self._direct):
+                    return
+                if self._scatter:  # the next buffer of a scattered payload
+                    self._direct = self._scatter.pop()
+                    self._direct_pos = 0
                     return
                 self._direct_done()
             else:
@@ -269,20 +295,33 @@ class FrameReceiver(asyncio.BufferedProtocol):
         self, head: tuple[int, int, int, int, int, int], body: bytes | memoryview
     ) -> None:
         kind, flags, mid, rid, tmo, plen = head
-        dest = self.payload_buffer(kind, rid, plen)
-        have = min(self._end - self._start, plen)
-        if have:
-            dest[:have] = self._buf[self._start : self._start + have]
-            self._start += have
-        if have == plen:
+        dest = self.payload_buffer(kind, rid, plen, body)
+        views = [v for v in dest if len(v)] if isinstance(dest, list) else [dest]
+        if sum(len(v) for v in views) != plen:
+            raise ProtocolViolation(f"payload buffers do not add up to the {plen}-byte payload")
+        # bytes of the payload already in the receive buffer: copy them to the destination
+        avail = min(self._end - self._start, plen)
+        while views and avail:
+            v = views[0]
+            n = min(len(v), avail)
+            v[:n] = self._buf[self._start : self._start + n]
+            self._start += n
+            avail -= n
+            if n < len(v):
+                views[0] = v[n:]
+                break
+            views.pop(0)
+        if not views:
             self.frame_received(kind, flags, mid, rid, tmo, body, dest)
             return
         self._start = self._end = 0
         self._held = head
         self._held_body = body
         self._held_payload = dest
-        self._direct = dest
-        self._direct_pos = have
+        views.reverse()  # popped from the end
+        self._direct = views.pop()
+        self._scatter = views
+        self._direct_pos = 0
 
     def _direct_done(self) -> None:
         head = self._held
@@ -299,10 +338,11 @@ class FrameReceiver(asyncio.BufferedProtocol):
             self.frame_received(kind, flags, mid, rid, tmo, body, None)
             return
         body = self._held_body
+        payload = self._held_payload
         self._held = None
         self._held_payload = None
         self._held_body = b""
-        self.frame_received(kind, flags, mid, rid, tmo, body, done)
+        self.frame_received(kind, flags, mid, rid, tmo, body, payload)
 
 
 def describe_peer(transport: Any) -> str:

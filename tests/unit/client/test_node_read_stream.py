@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,9 @@ class ScriptedOperator(StorageOperator):
         self.started: list[int] = []
         self.cancelled: list[int] = []
 
-    async def batch_read(self, req: storage_pb2.BatchReadRequest) -> storage_pb2.BatchReadResponse:
+    async def batch_read(
+        self, req: storage_pb2.BatchReadRequest, reply: Any = None
+    ) -> storage_pb2.BatchReadResponse:
         idx = req.ios[0].chunk.index
         self.started.append(idx)
         try:

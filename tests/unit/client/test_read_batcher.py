@@ -24,7 +24,10 @@ class FakeNode:
         self.short = short
 
     async def send(
-        self, ios: list[storage_pb2.ReadIO], timeout_s: float
+        self,
+        ios: list[storage_pb2.ReadIO],
+        timeout_s: float,
+        dests: list[memoryview | None] | None = None,
     ) -> storage_pb2.BatchReadResponse:
         self.calls.append(([io.offset for io in ios], timeout_s))
         await asyncio.sleep(0)
@@ -86,3 +89,37 @@ def test_cancelled_reader_does_not_disturb_the_others() -> None:
         assert node.calls[0][0] == [2]  # the cancelled read was not sent
 
     asyncio.run(go())
+
+
+@pytest.mark.timeout(10)
+def test_batches_are_cut_by_bytes_too() -> None:
+    """A batch asks for at most max_bytes (its answer's payload stays under the frame limit)."""
+
+    async def go() -> None:
+        node = FakeNode()
+        b = ReadBatcher(node.send, max_bytes=100)
+        futs = [b.submit(storage_pb2.ReadIO(offset=i, length=40), 1.0) for i in range(5)]
+        await asyncio.gather(*futs)
+        assert [offs for offs, _ in node.calls] == [[0, 1], [2, 3], [4]]
+
+    asyncio.run(go())
+
+
+def test_scatter_lays_the_payload_over_each_reads_buffer() -> None:
+    from fs3.transport import frame_ref
+    from fs3.transport.base import batch_read_scatter as _scatter
+
+    ios = [storage_pb2.ReadIO(length=8, dest=frame_ref(8)) for _ in range(3)]
+    dests = [memoryview(bytearray(8)) for _ in range(3)]
+    resp = storage_pb2.BatchReadResponse()
+    resp.results.add().length = 8
+    resp.results.add().error.code = 5  # failed io: no bytes in the payload
+    resp.results.add().length = 3  # short chunk
+    laid = [False]
+    views = _scatter(ios, dests, laid)(resp.SerializeToString(), 11)
+    assert views is not None and [len(v) for v in views] == [8, 3] and laid[0]
+    assert views[1].obj is dests[2].obj  # the caller's own buffer, not a copy
+    laid = [False]
+    assert _scatter(ios, dests, laid)(resp.SerializeToString(), 12) is None and not laid[0]
+    resp.results[2].length = 9  # more than the destination holds
+    assert _scatter(ios, dests, [False])(resp.SerializeToString(), 17) is None

@@ -485,7 +485,7 @@ class ShmTransportBackend(LocalFileBackend):
         from fs3.rpc.server import add_servicer, bind, create_server
         from fs3.transport import ServerTransport, client_transport
 
-        self.st = ServerTransport(tcp=False)
+        self.st = ServerTransport()
         self.server = create_server()
         add_servicer(
             self.server, transport_pb2_grpc.add_TransportServiceServicer_to_server, self.st.servicer

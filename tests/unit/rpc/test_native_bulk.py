@@ -1,0 +1,277 @@
+"""Bulk payloads of native calls land in the buffers the caller names, in place.
+
+A real ``RpcServer`` (both transports on one address) serves a storage
+servicer that uses :mod:`fs3.rpc.bulk` the way ``fs3.storage.service`` does;
+clients are the generated stubs over a ``ChannelPool``. "In place" is checked
+two ways: the destination memoryview the caller passed holds the bytes
+afterwards, and tracemalloc sees no allocation of the payload's size while
+the call runs (a ``bytes`` copy per I/O would show as one).
+"""
+
+from __future__ import annotations
+
+import random
+import tracemalloc
+from typing import Any
+
+import crc32c
+import pytest
+
+from fs3.config import RpcSection
+from fs3.errors import Code, FsError
+from fs3.proto import storage_pb2, storage_pb2_grpc
+from fs3.rpc import settings
+from fs3.rpc.bulk import can_reply_payload, request_payload, set_reply_payload, with_payload
+from fs3.rpc.channel import BidiStream, ChannelPool, call
+from fs3.rpc.loop import run
+from fs3.rpc.server import add_servicer, bind, create_server
+
+pytestmark = pytest.mark.timeout(60)
+
+MIB = 1 << 20
+
+
+class BulkStorage(storage_pb2_grpc.StorageServiceServicer):
+    """Write: checksums the request payload. BatchRead: answers each io from a
+    preallocated source with a payload of the ios' bytes in order."""
+
+    def __init__(self) -> None:
+        rng = random.Random(7)
+        self.source = bytearray(rng.randbytes(4 * MIB))
+        self.seen_payload: list[int] = []
+
+    async def Write(self, request: Any, context: Any) -> Any:
+        p = request_payload(context)
+        self.seen_payload.append(-1 if p is None else len(p))
+        res = storage_pb2.WriteResponse()
+        res.result.length = 0 if p is None else len(p)
+        res.result.checksum = 0 if p is None else crc32c.crc32c(p)
+        return res
+
+    async def BatchRead(self, request: Any, context: Any) -> Any:
+        resp = storage_pb2.BatchReadResponse()
+        out: list[Any] = []
+        src = memoryview(self.source)
+        for io in request.ios:
+            r = resp.results.add()
+            if io.length == 0:
+                r.error.code = int(Code.CHUNK_NOT_FOUND)
+                continue
+            r.length = io.length
+            out.append(src[io.offset : io.offset + io.length])
+        if can_reply_payload(context):
+            set_reply_payload(context, out)
+        return resp
+
+    async def ReadStream(self, requests: Any, context: Any) -> Any:
+        src = memoryview(self.source)
+        async for req in requests:
+            resp = storage_pb2.BatchReadResponse(request_id=req.request_id)
+            out = []
+            for io in req.ios:
+                resp.results.add().length = io.length
+                out.append(src[io.offset : io.offset + io.length])
+            yield with_payload(context, resp, out) if can_reply_payload(context) else resp
+
+
+class Node:
+    def __init__(self, rpc: RpcSection | None = None) -> None:
+        self.server = create_server(rpc or RpcSection())
+        self.storage = BulkStorage()
+        add_servicer(
+            self.server, storage_pb2_grpc.add_StorageServiceServicer_to_server, self.storage
+        )
+        self.address = ""
+
+    async def __aenter__(self) -> Node:
+        port = bind(self.server, "127.0.0.1", 0)
+        self.address = f"127.0.0.1:{port}"
+        await self.server.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.server.stop(0)
+
+
+@pytest.fixture(autouse=True)
+def _restore_settings() -> Any:
+    yield
+    settings.configure(RpcSection())
+
+
+def _read_req(*ranges: tuple[int, int]) -> Any:
+    req = storage_pb2.BatchReadRequest()
+    for off, n in ranges:
+        io = req.ios.add()
+        io.offset, io.length = off, n
+    return req
+
+
+@pytest.mark.parametrize("uds", [True, False], ids=["native-uds", "native-tcp"])
+def test_payload_round_trips_into_given_buffers(uds: bool) -> None:
+    async def main() -> None:
+        settings.configure(RpcSection(unix_sockets=uds))
+        async with Node() as node:
+            pool = ChannelPool("native")
+            stub = storage_pb2_grpc.StorageServiceStub(pool.get(node.address))
+            src = node.storage.source
+            # write: the payload goes out from the caller's buffer, the server sees it whole
+            data = memoryview(src)[: 3 * MIB + 5]
+            r = await call(stub.Write, storage_pb2.WriteRequest(), timeout=10, payload=data)
+            assert r.result.length == len(data) and r.result.checksum == crc32c.crc32c(data)
+            # read into one buffer: returns (response, payload length)
+            dest = memoryview(bytearray(2 * MIB))
+            resp, n = await call(stub.BatchRead, _read_req((100, 2 * MIB)), timeout=10, into=dest)
+            assert n == 2 * MIB and dest == memoryview(src)[100 : 100 + 2 * MIB]
+            assert resp.results[0].length == 2 * MIB
+            # scatter: each io's bytes land in its own buffer (laid out from the answer)
+            bufs = [memoryview(bytearray(k)) for k in (4096, 1 * MIB, 7, 64 * 1024)]
+            ranges = [(0, 4096), (5000, 1 * MIB), (3 * MIB, 7), (0, 0), (9, 64 * 1024)]
+            dests = [bufs[0], bufs[1], bufs[2], None, bufs[3]]
+
+            def layout(body: Any, length: int) -> list[memoryview] | None:
+                rs = storage_pb2.BatchReadResponse.FromString(bytes(body)).results
+                return [d[: r.length] for d, r in zip(dests, rs, strict=True) if d is not None]
+
+            resp, n = await call(stub.BatchRead, _read_req(*ranges), timeout=10, into=layout)
+            assert n == 4096 + MIB + 7 + 64 * 1024
+            assert resp.results[3].error.code == Code.CHUNK_NOT_FOUND
+            for d, (off, k) in zip(bufs, [r for r in ranges if r[1]], strict=True):
+                assert d == memoryview(src)[off : off + k]
+            await pool.close()
+
+    run(main())
+
+
+def test_reads_allocate_no_payload_sized_object() -> None:
+    """Many 1 MiB reads into one buffer: no allocation near the payload size."""
+
+    async def main() -> None:
+        settings.configure(RpcSection())
+        async with Node() as node:
+            pool = ChannelPool("native")
+            stub = storage_pb2_grpc.StorageServiceStub(pool.get(node.address))
+            dest = memoryview(bytearray(MIB))
+            req = _read_req((0, MIB))
+            await call(stub.BatchRead, req, timeout=10, into=dest)  # connect, warm up
+            tracemalloc.start()
+            try:
+                for _ in range(20):
+                    _, n = await call(stub.BatchRead, req, timeout=10, into=dest)
+                    assert n == MIB
+                _cur, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+            assert peak < MIB // 4, f"peak {peak} bytes traced during 20 reads of 1 MiB"
+            assert dest == memoryview(node.storage.source)[:MIB]
+            await pool.close()
+
+    run(main())
+
+
+def test_refused_layout_drops_the_payload_and_keeps_the_connection() -> None:
+    async def main() -> None:
+        settings.configure(RpcSection())
+        async with Node() as node:
+            pool = ChannelPool("native")
+            ch = pool.get(node.address)
+            stub = storage_pb2_grpc.StorageServiceStub(ch)
+            dest = memoryview(bytearray(4096))
+            # a layout that does not add up is refused: the bytes go to a scratch buffer
+            _, n = await call(
+                stub.BatchRead,
+                _read_req((0, 4096)),
+                timeout=10,
+                into=lambda body, length: [dest[:10]],
+            )
+            assert n == 4096 and bytes(dest) == bytes(4096)
+            # an `into` smaller than the payload: likewise left untouched
+            small = memoryview(bytearray(100))
+            _, n = await call(stub.BatchRead, _read_req((0, 4096)), timeout=10, into=small)
+            assert n == 4096 and bytes(small) == bytes(100)
+            # the same connection still serves
+            _, n = await call(stub.BatchRead, _read_req((0, 4096)), timeout=10, into=dest)
+            assert n == 4096 and dest == memoryview(node.storage.source)[:4096]
+            assert node.server.native.connections == 1
+            await pool.close()
+
+    run(main())
+
+
+def test_grpc_calls_have_no_payload() -> None:
+    """Over gRPC the handler sees no request payload and cannot attach one."""
+
+    async def main() -> None:
+        async with Node() as node:
+            pool = ChannelPool("grpc")
+            stub = storage_pb2_grpc.StorageServiceStub(pool.get(node.address))
+            r = await call(stub.Write, storage_pb2.WriteRequest(), timeout=10)
+            assert r.result.length == 0 and node.storage.seen_payload == [-1]
+            resp = await call(stub.BatchRead, _read_req((0, 10)), timeout=10)
+            assert resp.results[0].length == 10
+            await pool.close()
+
+    run(main())
+
+
+def test_frame_ref_bounds() -> None:
+    from fs3.transport import frame_ref, frame_slice
+
+    ref = frame_ref(10)
+    with pytest.raises(FsError) as ei:
+        frame_slice(ref, None)
+    assert ei.value.code == Code.INVALID_ARGUMENT
+    with pytest.raises(FsError):
+        frame_slice(ref, memoryview(bytes(9)))
+    assert bytes(frame_slice(ref, memoryview(bytes(range(12))))) == bytes(range(10))
+
+
+def test_stream_messages_scatter_into_each_requests_buffers() -> None:
+    """ReadStream answers carry their bytes as payloads laid out per message."""
+
+    async def main() -> None:
+        settings.configure(RpcSection())
+        async with Node() as node:
+            pool = ChannelPool("native")
+            stub = storage_pb2_grpc.StorageServiceStub(pool.get(node.address))
+            src = memoryview(node.storage.source)
+            bufs = {rid: [memoryview(bytearray(n)) for n in (4096, 300_000)] for rid in (1, 2)}
+
+            def layout(body: Any, length: int) -> list[memoryview] | None:
+                resp = storage_pb2.BatchReadResponse.FromString(bytes(body))
+                return bufs[resp.request_id]
+
+            bidi = BidiStream(stub.ReadStream)
+            assert bidi.set_payload_layout(layout)
+            for rid in (1, 2):
+                req = _read_req((rid * 10, 4096), (rid * 1000, 300_000))
+                req.request_id = rid
+                await bidi.write(req)
+            await bidi.done_writing()
+            got = [r.request_id async for r in bidi.responses()]
+            assert sorted(got) == [1, 2]
+            for rid in (1, 2):
+                assert bufs[rid][0] == src[rid * 10 : rid * 10 + 4096]
+                assert bufs[rid][1] == src[rid * 1000 : rid * 1000 + 300_000]
+            await pool.close()
+
+    run(main())
+
+
+def test_answer_payload_above_the_limit_fails_alone() -> None:
+    """The server refuses to send an answer payload its peer would drop the connection for."""
+
+    async def main() -> None:
+        settings.configure(RpcSection())
+        async with Node(RpcSection(max_payload_bytes=MIB)) as node:
+            pool = ChannelPool("native")
+            stub = storage_pb2_grpc.StorageServiceStub(pool.get(node.address))
+            dest = memoryview(bytearray(2 * MIB))
+            with pytest.raises(FsError) as ei:
+                await call(stub.BatchRead, _read_req((0, 2 * MIB)), timeout=10, into=dest)
+            assert ei.value.code == Code.INVALID_ARGUMENT and "exceeds" in ei.value.message
+            _, n = await call(stub.BatchRead, _read_req((0, MIB)), timeout=10, into=dest)
+            assert n == MIB and node.server.native.connections == 1
+            await pool.close()
+
+    run(main())
