@@ -23,12 +23,22 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def write_durably(path: str | os.PathLike[str], data: bytes | str, mode: int = 0o644) -> None:
+def write_durably(
+    path: str | os.PathLike[str],
+    data: bytes | str,
+    mode: int = 0o644,
+    *,
+    tmp: str | os.PathLike[str] | None = None,
+) -> None:
     """Replace ``path`` with ``data`` atomically and durably: after a power cut it holds
-    either its old content or ``data``, never a mix or nothing."""
+    either its old content or ``data``, never a mix or nothing.
+
+    ``tmp`` names the staging file (default ``.NAME.tmp`` beside it); writers that may
+    race on one path, or that sweep their own leftovers by name, choose their own.
+    """
     p = Path(path)
     raw = data.encode() if isinstance(data, str) else data
-    tmp = p.with_name(f".{p.name}.tmp")
+    tmp = p.with_name(f".{p.name}.tmp") if tmp is None else Path(tmp)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         view = memoryview(raw)

@@ -36,6 +36,8 @@ from typing import Any, cast
 
 import numpy as np
 
+from fs3.durable import write_durably
+
 IO_BYTES = 1 << 20  # one I/O = the default chunk size: each I/O touches one chain
 INFLIGHT = 32  # I/Os in flight per bulk call
 
@@ -326,17 +328,8 @@ class PosixStore(Store):
 
     def write_atomic(self, rel: str, data: bytes) -> None:
         path = self._p(rel)
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dfd = os.open(os.path.dirname(path), os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        # a unique staging name: ranks may race, and dcp sweeps ``NAME.tmp-*`` leftovers
+        write_durably(path, data, tmp=f"{path}.tmp-{uuid.uuid4().hex[:8]}")
 
     def remove_tree(self, rel: str) -> None:
         shutil.rmtree(self._p(rel), ignore_errors=False)
