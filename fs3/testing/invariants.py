@@ -115,7 +115,13 @@ def compare_chain(chain_id: int, target_dirs: dict[int, Path]) -> list[str]:
     for tid, d in target_dirs.items():
         chunks: dict[tuple[int, int], tuple[int, int, int, bytes]] = {}
         for cf in list_chunk_files(d, tid):
-            data = read_chunk_bytes(cf)
+            try:
+                data = read_chunk_bytes(cf)
+            except FileNotFoundError:
+                # a live target replaced this version (copy-on-write) between listing and
+                # reading: report it so a polling caller looks again
+                problems.append(f"target {tid} chunk {cf.inode}:{cf.index}: replaced while read")
+                continue
             if len(data) != cf.length or crc32c(data) != cf.checksum:
                 problems.append(
                     f"target {tid} chunk {cf.inode}:{cf.index}: file content does not match its "

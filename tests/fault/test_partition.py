@@ -127,7 +127,7 @@ def test_partition_mgmtd_leader_from_kv_side() -> None:
         link.partition()
         pause(sc.pc, "mgmtd-1")
         try:
-            sc.wait(lambda s: s["leader"] == "mgmtd-2", 20, "mgmtd-2 took the lease and leads")
+            sc.wait(lambda s: s["leader"] == "mgmtd-2", 40, "mgmtd-2 took the lease and leads")
             sc.progress(10, 30, "writes under mgmtd-2")
             states = ProcessCluster.target_states(sc.pc.status())
             assert all(v == "serving" for v in states.values()), (
