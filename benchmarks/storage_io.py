@@ -38,8 +38,8 @@ import time
 from pathlib import Path
 
 from fs3.client.mgmtd_client import MgmtdClient
-from fs3.client.routing import SERVING, Routing
 from fs3.errors import Code, FsError
+from fs3.routing import SERVING, Routing
 from fs3.storage.direct_client import DirectStorageClient
 from fs3.testing.procs import MiniCluster
 from fs3.transport import ShmRegion

@@ -57,6 +57,10 @@ class Code(IntEnum):
     # 6xxx: client / usrbio
     RING_FULL = 6001
     BAD_FD = 6002
+    # 7xxx: security (fs3/security)
+    UNAUTHENTICATED = 7001
+    PERMISSION_DENIED = 7002
+    CAPABILITY_EXPIRED = 7003
 
 
 # Codes a caller may retry (after refreshing routing or backing off).
@@ -97,6 +101,9 @@ _DEFAULT_ERRNO: dict[Code, int] = {
     Code.CHECKSUM_MISMATCH: _errno.EIO,
     Code.RING_FULL: _errno.EAGAIN,
     Code.BAD_FD: _errno.EBADF,
+    Code.UNAUTHENTICATED: _errno.EACCES,
+    Code.PERMISSION_DENIED: _errno.EACCES,
+    Code.CAPABILITY_EXPIRED: _errno.EACCES,
 }
 
 

@@ -27,7 +27,9 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 
 from fs3.client.mgmtd_client import MgmtdClient
-from fs3.client.routing import (
+from fs3.errors import FsError
+from fs3.proto import mgmtd_pb2
+from fs3.routing import (
     LOCAL_STATE_NAMES,
     NODE_STATUS_NAMES,
     NODE_TYPE_NAMES,
@@ -35,8 +37,6 @@ from fs3.client.routing import (
     SERVING,
     Routing,
 )
-from fs3.errors import FsError
-from fs3.proto import mgmtd_pb2
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

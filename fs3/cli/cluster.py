@@ -1436,7 +1436,7 @@ class LocalCluster:
                 }
             )
         result["spare_targets"] = [t["id"] for t in result["targets"] if not t["chain"]]
-        from fs3.client.routing import Routing
+        from fs3.routing import Routing
 
         space = Routing(rt).space(DEFAULT_TABLE)
         if space is not None:

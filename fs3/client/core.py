@@ -63,10 +63,10 @@ from fs3 import config as _config
 from fs3.client.layout import Layout
 from fs3.client.meta_client import MetaClient, new_request_id
 from fs3.client.retry import RetryPolicy
-from fs3.client.routing import Routing, RoutingWatcher
 from fs3.client.storage_client import StorageClient
 from fs3.errors import Code, FsError, posix
 from fs3.proto import common_pb2, meta_pb2
+from fs3.routing import Routing, RoutingWatcher
 from fs3.rpc.channel import ChannelPool
 from fs3.transport.base import ClientTransport
 

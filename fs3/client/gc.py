@@ -33,10 +33,10 @@ from typing import Any
 
 from fs3 import config as _config
 from fs3.client.retry import RetryPolicy
-from fs3.client.routing import RoutingWatcher
 from fs3.client.storage_client import StorageClient
 from fs3.errors import FsError
 from fs3.proto import common_pb2, meta_pb2
+from fs3.routing import RoutingWatcher
 from fs3.rpc.channel import ChannelPool
 
 log = logging.getLogger("fs3.client.gc")

@@ -24,9 +24,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fs3.client.retry import Deadline, RetryPolicy, retrying
-from fs3.client.routing import Routing
 from fs3.errors import Code, FsError
 from fs3.proto import meta_pb2_grpc, mgmtd_pb2
+from fs3.routing import Routing
 from fs3.rpc.channel import ChannelPool, call
 
 log = logging.getLogger("fs3.client.meta")

@@ -45,9 +45,9 @@ import crc32c
 
 from fs3.client.layout import ChunkPiece, chain_of, chunks_from, split
 from fs3.client.retry import Deadline, RetryPolicy, retrying
-from fs3.client.routing import Routing
 from fs3.errors import Code, FsError
 from fs3.proto import storage_pb2, storage_pb2_grpc
+from fs3.routing import Routing
 from fs3.rpc.channel import BidiStream, ChannelPool, call
 from fs3.transport.base import (
     DONE,

@@ -104,7 +104,7 @@ async def serve(cfg: MetaConfig, stop: asyncio.Event) -> int:
     try:
         if cfg.cluster.cluster_file:
             from fs3.client.mgmtd_client import MgmtdClient
-            from fs3.client.routing import RoutingWatcher
+            from fs3.routing import RoutingWatcher
 
             # an attempt ends before the next heartbeat is due (see fs3/storage/server.py)
             mgmtd = MgmtdClient.from_cluster_file(

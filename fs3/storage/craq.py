@@ -39,11 +39,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from fs3.client.routing import SERVING, SYNCING
 from fs3.config import StorageSection
 from fs3.errors import Code, FsError, invalid
 from fs3.limits import MAX_CHUNK_SIZE
 from fs3.proto import storage_pb2, storage_pb2_grpc, transport_pb2
+from fs3.routing import SERVING, SYNCING
 from fs3.rpc.channel import ChannelPool, call
 from fs3.storage import metrics as M
 from fs3.storage.chunk_engine import ChunkKey, ChunkMeta, PendingUpdate, crc32c

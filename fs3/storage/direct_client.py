@@ -19,9 +19,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from fs3.client.routing import Routing
 from fs3.errors import Code, FsError
 from fs3.proto import mgmtd_pb2, storage_pb2, storage_pb2_grpc
+from fs3.routing import Routing
 from fs3.rpc.channel import ChannelPool, call
 from fs3.storage.chunk_engine import crc32c
 from fs3.transport import ClientTransport, client_transport, frame_ref, is_inline

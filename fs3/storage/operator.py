@@ -19,10 +19,10 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from fs3.client.routing import SERVING, SYNCING
 from fs3.errors import Code, FsError, invalid
 from fs3.logs import event
 from fs3.proto import common_pb2, storage_pb2
+from fs3.routing import SERVING, SYNCING
 from fs3.rpc.channel import call
 from fs3.storage import metrics as M
 from fs3.storage.chunk_engine import ChunkKey, ChunkMeta, crc32c

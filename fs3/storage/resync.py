@@ -23,10 +23,10 @@ import contextlib
 import logging
 import time
 
-from fs3.client.routing import SERVING, SYNCING, Routing
 from fs3.errors import Code, FsError
 from fs3.logs import event
 from fs3.proto import storage_pb2
+from fs3.routing import SERVING, SYNCING, Routing
 from fs3.rpc.channel import call
 from fs3.storage import metrics as M
 from fs3.storage.chunk_engine import ChunkKey

@@ -30,11 +30,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
-from fs3.client.routing import Routing
 from fs3.config import StorageConfig
 from fs3.errors import Code, FsError
 from fs3.logs import event
 from fs3.proto import mgmtd_pb2, storage_pb2_grpc, transport_pb2_grpc
+from fs3.routing import Routing
 from fs3.rpc.server import add_servicer, bind, create_server
 from fs3.service import service_main
 from fs3.storage import metrics as M

@@ -27,10 +27,10 @@ import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from fs3.client.routing import LASTSRV, OFFLINE, SERVING, SYNCING, WAITING, Routing
 from fs3.errors import Code, FsError
 from fs3.logs import event
 from fs3.proto import mgmtd_pb2
+from fs3.routing import LASTSRV, OFFLINE, SERVING, SYNCING, WAITING, Routing
 from fs3.storage.chunk_engine import ChunkKey, FileChunkEngine
 
 log = logging.getLogger("fs3.storage.target")

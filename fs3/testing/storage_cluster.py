@@ -18,7 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fs3.client.mgmtd_client import MgmtdClient
-from fs3.client.routing import SERVING, Routing
 from fs3.config import (
     ClusterSection,
     KvSection,
@@ -30,6 +29,7 @@ from fs3.config import (
     TransportSection,
 )
 from fs3.errors import Code, FsError
+from fs3.routing import SERVING, Routing
 from fs3.storage.server import StorageNode
 
 

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from fs3.client.mgmtd_client import MgmtdClient
-from fs3.client.routing import Routing
 from fs3.errors import Code, FsError
 from fs3.proto import mgmtd_pb2 as pb
 from fs3.proto import mgmtd_pb2_grpc
+from fs3.routing import Routing
 from fs3.rpc.channel import call_sync, sync_channel
 
 pytestmark = pytest.mark.integration

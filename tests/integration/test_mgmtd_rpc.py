@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from fs3.client.mgmtd_client import MgmtdClient
-from fs3.client.routing import Routing, RoutingWatcher
 from fs3.config import MgmtdConfig, MgmtdSection
 from fs3.errors import Code, FsError
 from fs3.mgmtd import server
 from fs3.proto import mgmtd_pb2 as pb
+from fs3.routing import Routing, RoutingWatcher
 
 pytestmark = pytest.mark.integration
 

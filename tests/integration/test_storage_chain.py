@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from fs3.client.routing import SERVING
 from fs3.errors import Code, FsError
 from fs3.proto import storage_pb2
+from fs3.routing import SERVING
 from fs3.rpc.channel import call
 from fs3.storage.chunk_engine import ChunkKey, crc32c
 from fs3.storage.direct_client import DirectStorageClient

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from fs3.client.mgmtd_client import MgmtdClient
-from fs3.client.routing import SERVING, Routing
 from fs3.errors import FsError
+from fs3.routing import SERVING, Routing
 from fs3.storage.direct_client import DirectStorageClient
 from fs3.testing import procs
 

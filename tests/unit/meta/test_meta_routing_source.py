@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from fs3.client.routing import Routing
 from fs3.meta.server import RoutingChainTables
 from fs3.proto import mgmtd_pb2
+from fs3.routing import Routing
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from mgmtd_helpers import Heartbeater, Mgmtd, make_mgmtd, storage_register
 
-from fs3.client.routing import Routing
 from fs3.clock import FakeClock
 from fs3.errors import Code, FsError
 from fs3.kv.memory import MemoryDatabase
 from fs3.proto import mgmtd_pb2 as pb
+from fs3.routing import Routing
 
 S, SY, W, O, L = (  # noqa: E741
     pb.PUBLIC_STATE_SERVING,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from fs3.client.routing import LASTSRV, OFFLINE, SERVING, SYNCING, WAITING, Routing
 from fs3.errors import Code, FsError
 from fs3.proto import mgmtd_pb2
+from fs3.routing import LASTSRV, OFFLINE, SERVING, SYNCING, WAITING, Routing
 from fs3.storage.chunk_engine import FileChunkEngine
 from fs3.storage.target import L_OFFLINE, L_ONLINE, L_UPTODATE, StorageTarget, TargetMap
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fs3.client.routing import Routing
 from fs3.proto import mgmtd_pb2
+from fs3.routing import Routing
 from fs3.storage.target import filesystem_id
 
 pytestmark = pytest.mark.timeout(10)

@@ -1,5 +1,7 @@
 """Routing info as seen by everybody but mgmtd: a fast, immutable view plus a watcher.
 
+Shared by services (storage, meta) and clients alike, so it lives in neither.
+
 mgmtd publishes one versioned ``RoutingInfo`` (nodes, targets, chains, chain
 tables). Storage nodes, meta servers and clients keep the newest one they have
 seen in a :class:`RoutingWatcher` and look things up through :class:`Routing`,
@@ -32,7 +34,7 @@ from fs3.proto import mgmtd_pb2
 if TYPE_CHECKING:
     from fs3.client.mgmtd_client import MgmtdClient
 
-log = logging.getLogger("fs3.client.routing")
+log = logging.getLogger("fs3.routing")
 
 SERVING = mgmtd_pb2.PUBLIC_STATE_SERVING
 LASTSRV = mgmtd_pb2.PUBLIC_STATE_LASTSRV
