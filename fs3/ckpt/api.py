@@ -498,10 +498,6 @@ class Checkpointer:
         snapshot = self._snap
         assert snapshot is not None
         snap = snapshot.mem
-        try:
-            objects = pickle.dumps(job["skel"], protocol=4)
-        except Exception as exc:
-            raise TypeError(f"state dict holds an object that cannot be pickled: {exc}") from exc
         pol = self.policy
         d = layout.step_dir(step)
         self.store.makedirs(d)
@@ -525,6 +521,10 @@ class Checkpointer:
                 e.file = layout.data_name(self.rank)
             size = (entries[-1].offset + entries[-1].length) if entries else 0
         self._phase("index", step)
+        try:
+            objects = pickle.dumps(job["skel"], protocol=4)
+        except Exception as exc:
+            raise TypeError(f"state dict holds an object that cannot be pickled: {exc}") from exc
         index = {
             "format": layout.FORMAT, "step": step, "rank": self.rank, "world_size": self.world_size,
             "mode": self.mode, "kind": kind, "base": base, "data": layout.data_name(self.rank),
