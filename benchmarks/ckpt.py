@@ -19,6 +19,12 @@ tensors whose sizes are log-uniform between 4 KiB and 32 MiB) is
 * saved with ``Incremental`` after changing 10 % of the tensors: bytes written
   against a full checkpoint.
 
+The cluster's bulk-data transport is ``shm`` by default: on one host the
+storage servers read into and write from the application's registered
+memory directly (the local stand-in for RDMA, docs/architecture.md), which
+is USRBIO's zero-copy path; the FUSE mount (torch.save/torch.load) runs on
+the same cluster. ``--transport grpc`` puts the payload in the RPC frames.
+
 The rows the targets use run ``--rounds`` times (default 3) and report the
 median; the loads (raw USRBIO, fs3.ckpt, torch.load from the mount) run
 interleaved round by round in rotated order, so the ratios compare runs made
@@ -186,6 +192,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         targets_per_node=1,
         meta=1,
         mgmtd=1,
+        transport=args.transport,
         mount=str(work / "mnt"),
     )
     try:
@@ -384,7 +391,8 @@ def render(res: dict[str, Any]) -> str:
         f"State dict: {res['tensors']} tensors, {res['state_bytes'] / MiB:.0f} MiB "
         f"(float32 + bfloat16, 4 KiB..32 MiB each). Machine: {platform.node()}, "
         f"{os.cpu_count()} CPUs, load average (1/5/15 min) at start {res['loadavg']}, "
-        f"at end {res['loadavg_end']}.",
+        f"at end {res['loadavg_end']}. Cluster: 3 storage nodes, 3 replicas, storage fsync on, "
+        f"bulk-data transport `{res['transport']}`.",
         f"Command: `{res['command']}`",
         "",
         f"Seconds are the median of the runs (n); the targets' rows ran {n} times each, "
@@ -454,6 +462,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", default=None, help="directory for ckpt-<time>.md/.json")
     p.add_argument("--rounds", type=int, default=3, help="runs of each target's rows (median)")
+    p.add_argument(
+        "--transport",
+        default="shm",
+        choices=["shm", "grpc"],
+        help="bulk-data transport of the cluster (default shm: same-host one-sided, "
+        "docs/architecture.md; grpc: payload in the RPC frames)",
+    )
     a = p.parse_args(argv)
     if a.rounds < 1:
         p.error("--rounds must be >= 1")
@@ -461,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     res = run(a)
     res["loadavg"] = loadavg
     res["loadavg_end"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    res["transport"] = a.transport
     res["command"] = " ".join([os.path.relpath(sys.executable), *sys.argv])
     res["targets"] = targets(res)
     md = render(res)
