@@ -8,16 +8,25 @@
     h.wait()                                                        # durable (rank 0: committed)
     state = ckpt.load("/mnt/fs3/run1")                               # the newest valid checkpoint
 
-How a save works. The caller's thread only *snapshots*: every tensor is copied
+How a save works. The caller's thread only *snapshots*: one copy per tensor
 into one host buffer laid out exactly like the data file (pinned for CUDA,
-else process memory populated in one call; reused from save to save while the
-tensors keep their shapes). A background writer thread then computes the
-pieces to store (all tensors, or for a delta only the blocks that differ from
-the reference snapshot), CRC32Cs them, writes the rank's data file with many
-I/Os in flight, fsyncs it, publishes the rank's index atomically and — on rank
-0, once every rank's index is there — the manifest and then the success
-marker. ``handle.wait()`` raises what went wrong; a failure nobody waited for
-is raised by the next ``save``.
+else process memory in huge pages, populated when it is made; reused, with
+its per-tensor destination views, from save to save while the tensors keep
+their shapes), plus a copy of the few non-tensor values that are not
+immutable scalars. A background writer thread then pickles those values,
+computes the pieces to store (all tensors, or for a delta only the blocks
+that differ from the reference snapshot), CRC32Cs them, writes the rank's
+data file with many I/Os in flight, fsyncs it, publishes the rank's index
+atomically and — on rank 0, once every rank's index is there — the manifest
+and then the success marker. ``handle.wait()`` raises what went wrong; a
+failure nobody waited for is raised by the next ``save``.
+
+How a load works. A full checkpoint of one rank is one read of its data file
+into one buffer (on an fs3 mount a fresh USRBIO Iov the agent reads into
+directly, several rings with many I/Os in flight); each tensor's CRC32C is
+checked on another thread as soon as its bytes have arrived, and the tensors
+are views of that buffer. ``into=`` tensors, deltas and re-sharded loads
+read each piece into its destination (staged where it is not registered).
 
 Modes. ``sharded``: each rank saves its own state dict; a restore needs the
 same world size. ``consolidated``: tensors wrapped in :class:`Shard` are rows
