@@ -368,13 +368,21 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     load = g["fs3.ckpt load"]
     inc = res["incremental"]
     stall = res["stall_s"]
+    lr = res["load_runs"]
+
+    def per_round(num: list[float], den: list[float]) -> float:
+        return median([a / b for a, b in zip(num, den, strict=True)])
+
     out = [
         {"target": "fs3.ckpt load >= 1.5x torch.load from the fs3 mount",
-         "value": load / g["torch.load (fs3 mount)"], "need": 1.5},
+         "value": load / g["torch.load (fs3 mount)"], "need": 1.5,
+         "per_round": per_round(lr["torch"], lr["fs3"])},
         {"target": "fs3.ckpt load >= 0.8x raw USRBIO read",
-         "value": load / g["USRBIO raw read"], "need": 0.8},
-        {"target": "async stall <= 1.5x in-memory copy (medians)",
-         "value": stall / res["memcopy_s"], "need": 1.5, "lower": True},
+         "value": load / g["USRBIO raw read"], "need": 0.8,
+         "per_round": per_round(lr["raw"], lr["fs3"])},
+        {"target": "async stall <= 1.5x in-memory copy",
+         "value": stall / res["memcopy_s"], "need": 1.5, "lower": True,
+         "per_round": per_round(res["stall_runs"], res["memcopy_runs"])},
         {"target": "incremental (10 % changed) <= 15 % of full",
          "value": inc["incremental_bytes"] / inc["full_bytes"], "need": 0.15, "lower": True},
     ]  # fmt: skip
@@ -441,13 +449,18 @@ def render(res: dict[str, Any]) -> str:
         f"in size order: {inc['changed_bytes'] / MiB:.0f} MiB); wrote {inc['incremental_bytes'] / MiB:.0f} MiB "
         f"vs {inc['full_bytes'] / MiB:.0f} MiB full.",
         "",
-        "| target | measured | needed | met |",
-        "|---|---:|---:|---|",
+        "Targets: *measured* is the ratio of the medians (what is judged); *per round* is the "
+        "median of the ratios within each round (shown for the spread).",
+        "",
+        "| target | measured | per round | needed | met |",
+        "|---|---:|---:|---:|---|",
     ]
     for t in res["targets"]:
         op = "<=" if t.get("lower") else ">="
+        pr = f"{t['per_round']:.2f}" if "per_round" in t else ""
         lines.append(
-            f"| {t['target']} | {t['value']:.2f} | {op} {t['need']} | {'yes' if t['met'] else 'NO'} |"
+            f"| {t['target']} | {t['value']:.2f} | {pr} | {op} {t['need']} | "
+            f"{'yes' if t['met'] else 'NO'} |"
         )
     return "\n".join(lines) + "\n"
 
