@@ -290,6 +290,17 @@ class FuseSection:
         _check(self.write_buffer_age_s > 0, "write_buffer_age_s must be > 0")
 
 
+@dataclass
+class SecuritySection:
+    """Where the cluster secret is and how long chunk capabilities live (fs3/security)."""
+
+    secret_file: str = ""  # the cluster secret (0600); empty: fs3.secret beside the cluster file
+    capability_ttl_s: float = 120.0  # meta: life of a chunk capability (clients renew at half)
+
+    def validate(self) -> None:
+        _check(self.capability_ttl_s >= 1, "capability_ttl_s must be >= 1")
+
+
 # --------------------------------------------------------------------------- services
 
 
@@ -315,6 +326,7 @@ class MetaConfig:
     client: ClientSection = field(default_factory=ClientSection)
     transport: TransportSection = field(default_factory=TransportSection)
     rpc: RpcSection = field(default_factory=RpcSection)
+    security: SecuritySection = field(default_factory=SecuritySection)
 
 
 @dataclass
@@ -327,6 +339,7 @@ class StorageConfig:
     transport: TransportSection = field(default_factory=TransportSection)
     client: ClientSection = field(default_factory=ClientSection)
     rpc: RpcSection = field(default_factory=RpcSection)
+    security: SecuritySection = field(default_factory=SecuritySection)
 
 
 @dataclass

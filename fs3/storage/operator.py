@@ -24,6 +24,7 @@ from fs3.logs import event
 from fs3.proto import common_pb2, storage_pb2
 from fs3.routing import SERVING, SYNCING
 from fs3.rpc.channel import call
+from fs3.security.capability import READ, WRITE, CapabilityVerifier
 from fs3.storage import metrics as M
 from fs3.storage.chunk_engine import ChunkKey, ChunkMeta, crc32c
 from fs3.storage.craq import EXTEND, REMOVE, TRUNCATE, Replicator, io_result, is_inline
@@ -84,6 +85,26 @@ class StorageOperator:
         self.report_error = report_error
         self.on_local_change = on_local_change
         self._repairs: dict[tuple[int, ChunkKey], asyncio.Task[None]] = {}
+        # Chunk capabilities (fs3/security/capability.py): None when the cluster has
+        # no secret, and then nothing is checked (a cluster without authentication).
+        self.caps: CapabilityVerifier | None = None
+
+    # ------------------------------------------------------------------ capabilities
+
+    def _check(self, token: bytes, inode: int, first: int, last: int, need: int, what: str) -> None:
+        """Refuse (PERMISSION_DENIED / CAPABILITY_EXPIRED) unless ``token`` covers the chunks."""
+        if self.caps is not None:
+            self.caps.check(token, inode, first, last, need, what)
+
+    def _check_service(self, token: bytes, what: str) -> None:
+        if self.caps is not None:
+            self.caps.check_service(token, what)
+
+    def _check_range(self, token: bytes, rg: storage_pb2.ChunkRange, need: int, what: str) -> None:
+        end = rg.end or _ALL
+        if end <= rg.begin:
+            raise invalid(f"{what}: empty chunk range [{rg.begin}, {end})")
+        self._check(token, rg.inode, rg.begin, end - 1, need, what)
 
     # ------------------------------------------------------------------ writes
 
@@ -91,12 +112,17 @@ class StorageOperator:
         self, req: storage_pb2.WriteRequest, frame: memoryview | None = None
     ) -> storage_pb2.WriteResponse:
         """``frame``: the request's bulk payload (what a ``frame`` DataRef names)."""
+        ch = req.io.chunk
+        self._check(req.capability, ch.inode, ch.index, ch.index, WRITE, "Write")
         res = await self.rep.client_update(req.io, req.tag, req.target_id, frame)
         return storage_pb2.WriteResponse(result=res)
 
     async def update(
         self, req: storage_pb2.UpdateRequest, frame: memoryview | None = None
     ) -> storage_pb2.UpdateResponse:
+        # Only a chain member forwards updates: a client sending Update straight to a
+        # successor would otherwise bypass the head's capability check.
+        self._check_service(req.capability, "Update")
         res = await self.rep.successor_update(req, frame)
         return storage_pb2.UpdateResponse(result=res)
 
@@ -115,6 +141,8 @@ class StorageOperator:
             io.chunk.CopyFrom(op.chunk)
             r = out.results.add()
             try:
+                ch = op.chunk
+                self._check(op.capability, ch.inode, ch.index, ch.index, WRITE, "TruncateChunks")
                 r.result.CopyFrom(await self.rep.client_update(io, op.tag))
             except FsError as e:
                 r.error.CopyFrom(error_detail(e))
@@ -127,6 +155,7 @@ class StorageOperator:
         for op in req.ops:
             r = out.results.add()
             try:
+                self._check_range(op.capability, op.range, WRITE, "RemoveChunks")
                 r.removed, r.more = await self._remove_range(op)
             except FsError as e:
                 r.error.CopyFrom(error_detail(e))
@@ -272,6 +301,7 @@ class StorageOperator:
         try:
             if not io.HasField("chunk"):
                 raise invalid("read without a chunk id")
+            self._check(io.capability, io.chunk.inode, io.chunk.index, io.chunk.index, READ, "Read")
             frame = ref_kind(io.dest) == "frame"
             if frame and slots is None:
                 raise invalid(
@@ -433,6 +463,7 @@ class StorageOperator:
             )
             rio.chunk.inode, rio.chunk.index = key.inode, key.index
             rio.dest.inline = b""
+            rio.capability = self.rep.service_token()
             resp = await call(
                 self.rep.peers.stub(node.address).BatchRead,
                 storage_pb2.BatchReadRequest(ios=[rio]),
@@ -462,6 +493,7 @@ class StorageOperator:
         for op in req.ops:
             r = out.results.add()
             try:
+                self._check_range(op.capability, op.range, READ, "QueryLastChunk")
                 t = self.targets.by_chain(op.chain_id)
                 self.rep.check_version(t, op.chain_version)
                 if not t.serving:
@@ -521,6 +553,7 @@ class StorageOperator:
         return t
 
     async def sync_start(self, req: storage_pb2.SyncStartRequest) -> storage_pb2.SyncStartResponse:
+        self._check_service(req.capability, "SyncStart")
         t = self._syncing_target(req.chain_id, req.chain_version, req.target_id)
         metas = t.engine.list()
         event(
@@ -534,6 +567,7 @@ class StorageOperator:
         return storage_pb2.SyncStartResponse(metas=[chunk_meta_pb(m) for m in metas])
 
     async def sync_done(self, req: storage_pb2.SyncDoneRequest) -> storage_pb2.SyncDoneResponse:
+        self._check_service(req.capability, "SyncDone")
         t = self._syncing_target(req.chain_id, req.chain_version, req.target_id)
         if self.targets.sync_done(t):
             self.on_local_change()
