@@ -182,7 +182,9 @@ class StorageNode:
         self.address = f"{self.cfg.node.host}:{port}"
         await self._server.start()
         if self._transport is not None:
-            await self._transport.start(self.cfg.node.host)
+            await self._transport.start(
+                self.cfg.node.host, address=self.address, socket_dir=self.cfg.rpc.socket_dir
+            )
         event(
             log,
             "storage node started",
