@@ -10,6 +10,7 @@ right, so the refusals are the checks.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import uuid
@@ -62,6 +63,28 @@ def as_user(uid: int, *args: str) -> common_pb2.ErrorDetail | int:
     return answer(p.stdout)
 
 
+@contextlib.contextmanager
+def holding_region(
+    uid: int, path: str, sock: str, client_id: str, rid: str
+) -> Iterator[common_pb2.ErrorDetail | int]:
+    """A peer of ``uid`` that creates ``path``, registers it by descriptor and stays alive."""
+    p = subprocess.Popen(
+        [PYTHON, PEER, "victim", path, str(SIZE), sock, req_hex(client_id, rid)],
+        user=uid,
+        group=uid,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout is not None
+        yield answer(p.stdout.readline())
+    finally:
+        assert p.stdin is not None
+        p.stdin.close()
+        p.wait(timeout=10)
+
+
 @pytest.fixture(scope="module")
 def node(secure_cluster: ProcessCluster) -> dict[str, Any]:
     s = secure_cluster.status()
@@ -77,23 +100,9 @@ def node(secure_cluster: ProcessCluster) -> dict[str, Any]:
 def victim(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
     path = f"/dev/shm/fs3-sec-victim-{uuid.uuid4().hex}"
     rid = uuid.uuid4().hex
-    p = subprocess.Popen(
-        [PYTHON, PEER, "victim", path, str(SIZE), node["sock"], req_hex("victim", rid)],
-        user=VICTIM,
-        group=VICTIM,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert p.stdout is not None
-        got = answer(p.stdout.readline())
+    with holding_region(VICTIM, path, node["sock"], "victim", rid) as got:
         assert isinstance(got, common_pb2.ErrorDetail) and got.code == 0, got  # positive control
         yield {"path": path, "rid": rid}
-    finally:
-        assert p.stdin is not None
-        p.stdin.close()
-        p.wait(timeout=10)
 
 
 def test_register_by_path_refused(node: dict[str, Any], victim: dict[str, Any]) -> None:
@@ -131,44 +140,17 @@ def test_read_only_descriptor_refused(node: dict[str, Any], tmp_path: Path) -> N
 
 
 def test_region_takeover_refused(node: dict[str, Any], victim: dict[str, Any]) -> None:
+    """Another uid registering its own memory under the victim's client and region id."""
     own = f"/dev/shm/fs3-sec-attacker-{uuid.uuid4().hex}"
-    p = subprocess.Popen(
-        [PYTHON, PEER, "victim", own, str(SIZE), node["sock"], req_hex("victim", victim["rid"])],
-        user=ATTACKER,
-        group=ATTACKER,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert p.stdout is not None
-        got = answer(p.stdout.readline())
+    with holding_region(ATTACKER, own, node["sock"], "victim", victim["rid"]) as got:
         assert isinstance(got, common_pb2.ErrorDetail) and got.code == Code.PERMISSION_DENIED
-    finally:
-        assert p.stdin is not None
-        p.stdin.close()
-        p.wait(timeout=10)
 
 
 def test_attackers_own_region_is_accepted(node: dict[str, Any]) -> None:
     """Positive control: the same peer registering its own memory succeeds."""
     own = f"/dev/shm/fs3-sec-own-{uuid.uuid4().hex}"
-    p = subprocess.Popen(
-        [PYTHON, PEER, "victim", own, str(SIZE), node["sock"], req_hex("a3", uuid.uuid4().hex)],
-        user=ATTACKER,
-        group=ATTACKER,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert p.stdout is not None
-        got = answer(p.stdout.readline())
+    with holding_region(ATTACKER, own, node["sock"], "a3", uuid.uuid4().hex) as got:
         assert isinstance(got, common_pb2.ErrorDetail) and got.code == 0, got
-    finally:
-        assert p.stdin is not None
-        p.stdin.close()
-        p.wait(timeout=10)
 
 
 @pytest.mark.parametrize(
