@@ -62,7 +62,7 @@ from fs3.transport.base import (
 
 log = logging.getLogger("fs3.client.storage")
 
-# ios per BatchRead RPC: the storage server accepts up to 1024 (fs3.storage.operator.MAX_READ_IOS);
+# ios per BatchRead RPC: the storage server accepts up to 1024 (fs3.limits.MAX_READ_IOS);
 # 256 keeps one response small and lets several batches to one node run at once.
 MAX_BATCH_READ_IOS = 256
 
@@ -98,7 +98,8 @@ _TRY_OTHER_REPLICA = frozenset(
 MAX_CHANNELS = 65535
 
 # bytes asked for per batch: an answer's bulk payload stays far below the native
-# transport's payload limit ([rpc] max_payload_bytes, 64 MiB by default)
+# transport's payload limit ([rpc] max_payload_bytes, 64 MiB by default) and the
+# server's per-request limit (fs3.limits.MAX_READ_BATCH_BYTES); a larger piece goes alone
 MAX_BATCH_READ_BYTES = 16 << 20
 
 # a queued read: (io, timeout, its future, its destination when io.dest is a frame ref)

@@ -12,6 +12,7 @@ chunk is repaired in the background from another serving replica of the chain.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
@@ -20,6 +21,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fs3.errors import Code, FsError, invalid
+from fs3.limits import MAX_CHUNK_SIZE, MAX_READ_BATCH_BYTES, MAX_READ_IOS
 from fs3.logs import event
 from fs3.proto import common_pb2, storage_pb2
 from fs3.routing import SERVING, SYNCING
@@ -33,12 +35,74 @@ from fs3.transport.base import ref_kind
 
 log = logging.getLogger("fs3.storage.operator")
 
-MAX_READ_IOS = 1024
-# Requests (batches) of one ReadStream served at once; the stream stops reading
-# further requests until one finishes (flow control back to the client).
+# Requests (batches) of one ReadStream served or answered-but-not-yet-sent at once;
+# the stream stops reading further requests until the client has taken an answer
+# (flow control back to a client that stops reading, instead of a growing queue).
 READ_STREAM_MAX_INFLIGHT = 64
+# Bytes of one ReadStream's requests being read or waiting to be sent, together.
+READ_STREAM_MAX_BYTES = 4 * MAX_READ_BATCH_BYTES
 INLINE_READ_MAX = 64 << 10  # reads up to this size run on the event loop (page-cache preads)
 _ALL = 0xFFFFFFFF
+
+
+class ByteBudget:
+    """Bytes that may be in use at once; :meth:`acquire` waits (first come, first
+    served) until enough are free; :meth:`release` is synchronous, so ``finally``
+    blocks and generators can give bytes back.
+
+    A request larger than the whole budget takes all of it (it runs alone),
+    so a big request is slowed, never refused or deadlocked.
+    """
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.free = total
+        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+
+    async def acquire(self, n: int) -> int:
+        n = max(0, min(n, self.total))
+        if not self._waiters and self.free >= n:
+            self.free -= n
+            return n
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((n, fut))
+        try:
+            await fut
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self.release(n)  # granted as we were cancelled: give it back
+            else:
+                self._waiters.remove((n, fut))
+                self._wake()
+            raise
+        return n
+
+    def release(self, n: int) -> None:
+        self.free += n
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self._waiters[0][0] <= self.free:
+            n, fut = self._waiters.popleft()
+            if not fut.done():
+                self.free -= n
+                fut.set_result(None)
+
+
+def read_bytes_asked(req: storage_pb2.BatchReadRequest) -> int:
+    """What a read request may make the server hold; refuses one over the limits first."""
+    if len(req.ios) > MAX_READ_IOS:
+        raise invalid(f"batch of {len(req.ios)} reads exceeds {MAX_READ_IOS}")
+    total = 0
+    for io in req.ios:
+        if io.length > MAX_CHUNK_SIZE:
+            raise invalid(
+                f"read of {io.length} bytes exceeds the chunk size limit {MAX_CHUNK_SIZE}"
+            )
+        total += io.length
+    if total > MAX_READ_BATCH_BYTES:
+        raise invalid(f"batch asks for {total} bytes, more than {MAX_READ_BATCH_BYTES}")
+    return total
 
 
 def error_detail(e: FsError) -> common_pb2.ErrorDetail:
@@ -187,8 +251,7 @@ class StorageOperator:
         """Serve every io; ``reply`` (a call that can answer with a bulk payload) gets
         the bytes of the ios with a ``frame`` destination, in io order, each
         ``results[i].length`` long (the client lays the payload out by that)."""
-        if len(req.ios) > MAX_READ_IOS:
-            raise invalid(f"batch of {len(req.ios)} reads exceeds {MAX_READ_IOS}")
+        read_bytes_asked(req)
         slots: list[Any] | None = [None] * len(req.ios) if reply is not None else None
         if len(req.ios) == 1:  # the common case: no task per read
             results = [await self._read_one(req.ios[0], slots, 0)]
@@ -224,12 +287,24 @@ class StorageOperator:
         and it gets no answer, as a unary deadline would. When the client goes
         away gRPC cancels this generator and the ``finally`` cancels every task.
         """
-        out: asyncio.Queue[tuple[storage_pb2.BatchReadResponse, list[Any]] | None] = asyncio.Queue()
+        # At most max_inflight requests and READ_STREAM_MAX_BYTES asked bytes are
+        # being read or sit answered in `out`; both are given back only when the
+        # answer was taken by the transport (after the yield), so a client that
+        # stops reading stops the stream from reading its requests (bounded memory).
+        out: asyncio.Queue[tuple[storage_pb2.BatchReadResponse, list[Any], int] | None] = (
+            asyncio.Queue()
+        )
         slots = asyncio.Semaphore(max(1, max_inflight))
+        budget = ByteBudget(READ_STREAM_MAX_BYTES)
         tasks: dict[int, asyncio.Task[None]] = {}  # request_id -> its task
 
-        async def serve(req: storage_pb2.BatchReadRequest) -> None:
+        def give_back(cost: int) -> None:
+            slots.release()
+            budget.release(cost)
+
+        async def serve(req: storage_pb2.BatchReadRequest, cost: int) -> None:
             reply: list[Any] = []
+            queued = False
             try:
                 try:
                     resp = await self.batch_read(req, reply if frames else None)
@@ -243,9 +318,11 @@ class StorageOperator:
                     )
                     reply.clear()
                 resp.request_id = req.request_id
-                out.put_nowait((resp, reply))
+                out.put_nowait((resp, reply, cost))
+                queued = True
             finally:
-                slots.release()
+                if not queued:  # cancelled: nothing waits to be sent
+                    give_back(cost)
 
         async def pump() -> None:
             try:
@@ -255,9 +332,14 @@ class StorageOperator:
                         if victim is not None:
                             victim.cancel()
                         continue
+                    try:
+                        asked = read_bytes_asked(req)
+                    except FsError:
+                        asked = 0  # refused by batch_read without reading anything
                     await slots.acquire()
+                    cost = await budget.acquire(asked)
                     rid = req.request_id
-                    t = asyncio.create_task(serve(req))
+                    t = asyncio.create_task(serve(req, cost))
                     tasks[rid] = t
                     t.add_done_callback(functools.partial(_forget, rid))
                 # The client half-closed: finish what is in flight, then end the stream.
@@ -273,10 +355,14 @@ class StorageOperator:
         pumper = asyncio.create_task(pump())
         try:
             while True:
-                resp = await out.get()
-                if resp is None:
+                item = await out.get()
+                if item is None:
                     break
-                yield resp
+                resp, reply, cost = item
+                try:
+                    yield resp, reply
+                finally:
+                    give_back(cost)
             await pumper  # re-raises a failure to read the request stream
         finally:
             pending = [pumper, *tasks.values()]
@@ -458,7 +544,7 @@ class StorageOperator:
                 chain_id=t.chain_id,
                 chain_version=t.chain_version,
                 offset=0,
-                length=_ALL,
+                length=MAX_CHUNK_SIZE,
                 target_id=other,
             )
             rio.chunk.inode, rio.chunk.index = key.inode, key.index
