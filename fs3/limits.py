@@ -40,3 +40,7 @@ def chunk_size_rule() -> str:
 # it reads anything, so no request makes a server hold more than a chunk's worth.
 MAX_READ_IOS = 1024
 MAX_READ_BATCH_BYTES = MAX_CHUNK_SIZE
+# Ops of one TruncateChunks / RemoveChunks / QueryLastChunk request, and chunks one
+# RemoveChunks op removes per call (the caller repeats while ``more``).
+MAX_CHUNK_OPS = 1024
+MAX_REMOVE_PER_CALL = 1024

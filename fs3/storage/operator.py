@@ -21,7 +21,13 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fs3.errors import Code, FsError, invalid
-from fs3.limits import MAX_CHUNK_SIZE, MAX_READ_BATCH_BYTES, MAX_READ_IOS
+from fs3.limits import (
+    MAX_CHUNK_OPS,
+    MAX_CHUNK_SIZE,
+    MAX_READ_BATCH_BYTES,
+    MAX_READ_IOS,
+    MAX_REMOVE_PER_CALL,
+)
 from fs3.logs import event
 from fs3.proto import common_pb2, storage_pb2
 from fs3.routing import SERVING, SYNCING
@@ -103,6 +109,11 @@ def read_bytes_asked(req: storage_pb2.BatchReadRequest) -> int:
     if total > MAX_READ_BATCH_BYTES:
         raise invalid(f"batch asks for {total} bytes, more than {MAX_READ_BATCH_BYTES}")
     return total
+
+
+def check_op_count(ops: Any, what: str) -> None:
+    if len(ops) > MAX_CHUNK_OPS:
+        raise invalid(f"{what} of {len(ops)} ops exceeds {MAX_CHUNK_OPS}")
 
 
 def error_detail(e: FsError) -> common_pb2.ErrorDetail:
@@ -193,6 +204,7 @@ class StorageOperator:
     async def truncate_chunks(
         self, req: storage_pb2.TruncateChunksRequest
     ) -> storage_pb2.TruncateChunksResponse:
+        check_op_count(req.ops, "TruncateChunks")
         out = storage_pb2.TruncateChunksResponse()
         for op in req.ops:
             io = storage_pb2.UpdateIO(
@@ -215,6 +227,7 @@ class StorageOperator:
     async def remove_chunks(
         self, req: storage_pb2.RemoveChunksRequest
     ) -> storage_pb2.RemoveChunksResponse:
+        check_op_count(req.ops, "RemoveChunks")
         out = storage_pb2.RemoveChunksResponse()
         for op in req.ops:
             r = out.results.add()
@@ -231,7 +244,7 @@ class StorageOperator:
         self.rep.check_head(t)
         rg = op.range
         end = rg.end or _ALL
-        limit = rg.max_chunks or 32
+        limit = min(rg.max_chunks or 32, MAX_REMOVE_PER_CALL)
         metas = t.engine.list(rg.inode, rg.begin, end)
         removed = 0
         for m in metas[:limit]:
@@ -575,6 +588,7 @@ class StorageOperator:
     async def query_last_chunk(
         self, req: storage_pb2.QueryLastChunkRequest
     ) -> storage_pb2.QueryLastChunkResponse:
+        check_op_count(req.ops, "QueryLastChunk")
         out = storage_pb2.QueryLastChunkResponse()
         for op in req.ops:
             r = out.results.add()

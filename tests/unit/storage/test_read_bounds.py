@@ -123,3 +123,19 @@ def test_read_stream_stops_pulling_when_the_client_stops_reading(
     seen = asyncio.run(main())
     # in flight or answered-unsent, plus the one taken, plus the one the pump holds
     assert seen <= in_flight_bound + 2, seen
+
+
+@pytest.mark.parametrize("method", ["truncate_chunks", "remove_chunks", "query_last_chunk"])
+def test_op_count_limit(method: str) -> None:
+    from fs3.limits import MAX_CHUNK_OPS
+
+    op = O.StorageOperator(1, None, None, None, lambda: None)  # type: ignore[arg-type]
+    cls = {
+        "truncate_chunks": (storage_pb2.TruncateChunksRequest, storage_pb2.TruncateChunkOp),
+        "remove_chunks": (storage_pb2.RemoveChunksRequest, storage_pb2.RemoveChunksOp),
+        "query_last_chunk": (storage_pb2.QueryLastChunkRequest, storage_pb2.QueryLastChunkOp),
+    }[method]
+    r = cls[0](ops=[cls[1]() for _ in range(MAX_CHUNK_OPS + 1)])
+    with pytest.raises(FsError) as e:
+        asyncio.run(getattr(op, method)(r))
+    assert e.value.code == Code.INVALID_ARGUMENT
