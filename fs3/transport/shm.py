@@ -213,7 +213,7 @@ class ShmRegistry:
             log,
             "shm region registered",
             client=req.client_id,
-            region=req.region,
+            region=req.region[:8],  # a prefix: logs may be readable by users the id must not reach
             size=req.size,
             pid=pid,
             uid=uid,
@@ -290,7 +290,7 @@ class ShmRegistry:
             return False
         del self._regions[region_id]
         self._bury(reg.region)
-        event(log, "shm region dropped", client=client_id, region=region_id)
+        event(log, "shm region dropped", client=client_id, region=region_id[:8])
         return True
 
     def _bury(self, region: ShmRegion) -> None:
@@ -306,7 +306,9 @@ class ShmRegistry:
                 self._regions.pop(rid, None)
                 self._bury(reg.region)
                 dropped += 1
-                event(log, "shm region owner gone", client=reg.client_id, region=rid, pid=reg.pid)
+                event(
+                    log, "shm region owner gone", client=reg.client_id, region=rid[:8], pid=reg.pid
+                )
         self._graveyard = [r for r in self._graveyard if not r.close(unlink=False)]
         return dropped
 

@@ -33,6 +33,7 @@ def secure_cluster() -> Iterator[ProcessCluster]:
         meta=1,
         mgmtd=1,
         transport="grpc",
+        mount=True,  # FUSE and USRBIO renew capabilities too (tests/security/test_capabilities.py)
         overrides={
             "storage": {"storage": {"fsync": False}},
             "meta": {"security": {"capability_ttl_s": CAP_TTL_S}},

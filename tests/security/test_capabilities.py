@@ -361,3 +361,41 @@ def test_open_grant_follows_the_open_mode(secure_cluster: ProcessCluster, client
     finally:
         client.bridge.run(core.release(h))
     assert fs3 is not None
+
+
+def test_fuse_and_usrbio_outlive_their_capabilities(secure_cluster: ProcessCluster) -> None:
+    """Through the mount (FUSE writes, USRBIO ring reads and writes on the daemon's handle)
+    a file stays usable across several capability lifetimes."""
+    from fs3.usrbio import Ior, Iov, dereg_fd, prep_io, reg_fd, submit_ios, wait_for_ios
+
+    mnt = str(secure_cluster.mountpoint)
+    path = os.path.join(mnt, "long-fuse.bin")
+    block = os.urandom(1 << 16)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        reg_fd(fd)
+        with Iov(mnt, len(block)) as iov:
+            deadline = time.monotonic() + 3 * (CAP_TTL_S + C.CLOCK_SKEW_S)
+            rounds = 0
+            while time.monotonic() < deadline:
+                os.pwrite(fd, block, 0)  # FUSE write
+                os.fsync(fd)
+                iov.buf[:] = b"\x00" * len(block)
+                with Ior(mnt, entries=2, for_read=True) as rd:  # USRBIO read of it
+                    prep_io(rd, iov, 0, fd, 0, len(block))
+                    submit_ios(rd)
+                    (c,) = wait_for_ios(rd, max_results=1, min_results=1, timeout=30)
+                assert c.result == len(block) and bytes(iov.buf) == block
+                with Ior(mnt, entries=2, for_read=False) as wr:  # USRBIO write
+                    prep_io(wr, iov, 0, fd, len(block), len(block))
+                    submit_ios(wr)
+                    (c,) = wait_for_ios(wr, max_results=1, min_results=1, timeout=30)
+                assert c.result == len(block)
+                rounds += 1
+                time.sleep(1.0)  # the passing time is what this test is about
+        dereg_fd(fd)
+    finally:
+        os.close(fd)
+    with open(path, "rb") as f:
+        assert f.read() == block + block
+    assert rounds >= 3
