@@ -177,6 +177,7 @@ class StorageSection:
     io_threads: int = 16  # blocking chunk I/O pool per node (stage, data sync, commit, large reads)
     overlap_forward: bool = True  # forward a plain write down the chain while staging it locally
     direct_write: bool = True  # O_DIRECT for whole page-aligned chunk versions (saves a copy)
+    read_buffer_bytes: int = 1 << 30  # bytes all reads of the node may hold at once; more wait
 
     def validate(self) -> None:
         _check(1 <= self.io_threads <= 256, "io_threads must be in 1..256")
@@ -185,6 +186,7 @@ class StorageSection:
             "target_ids must be empty or as long as targets (with no targets: <data_dir>/t<N> per id)",
         )
         _check(0 < self.low_space_ratio <= 1, "low_space_ratio must be in (0, 1]")
+        _check(self.read_buffer_bytes >= 64 << 20, "read_buffer_bytes must be >= 64 MiB")
 
 
 @dataclass

@@ -144,6 +144,7 @@ class StorageOperator:
         replicator: the CRAQ write path.
         report_error: ``await report_error(target_id, kind, detail)`` tells mgmtd.
         on_local_change: called when a local state changed (heartbeat now).
+        read_buffer_bytes: bytes all reads of the node may hold at once.
     """
 
     def __init__(
@@ -153,6 +154,8 @@ class StorageOperator:
         replicator: Replicator,
         report_error: Callable[[int, str, str], Awaitable[None]],
         on_local_change: Callable[[], None],
+        *,
+        read_buffer_bytes: int = 1 << 30,
     ) -> None:
         self.node_id = node_id
         self.targets = targets
@@ -163,6 +166,9 @@ class StorageOperator:
         # Chunk capabilities (fs3/security/capability.py): None when the cluster has
         # no secret, and then nothing is checked (a cluster without authentication).
         self.caps: CapabilityVerifier | None = None
+        # Bytes the node's reads may hold at once (``[storage] read_buffer_bytes``): many
+        # concurrent requests, each within the per-request limit, wait instead of piling up.
+        self.read_budget = ByteBudget(read_buffer_bytes)
 
     # ------------------------------------------------------------------ capabilities
 
@@ -264,7 +270,15 @@ class StorageOperator:
         """Serve every io; ``reply`` (a call that can answer with a bulk payload) gets
         the bytes of the ios with a ``frame`` destination, in io order, each
         ``results[i].length`` long (the client lays the payload out by that)."""
-        read_bytes_asked(req)
+        cost = await self.read_budget.acquire(read_bytes_asked(req))
+        try:
+            return await self._batch_read(req, reply)
+        finally:
+            self.read_budget.release(cost)
+
+    async def _batch_read(
+        self, req: storage_pb2.BatchReadRequest, reply: list[Any] | None
+    ) -> storage_pb2.BatchReadResponse:
         slots: list[Any] | None = [None] * len(req.ios) if reply is not None else None
         if len(req.ios) == 1:  # the common case: no task per read
             results = [await self._read_one(req.ios[0], slots, 0)]

@@ -148,7 +148,12 @@ class StorageNode:
         )
         self.rep.on_local_change = self._hb_now.set
         self.op = StorageOperator(
-            self.node_id, self.targets, self.rep, self._report_error, self._hb_now.set
+            self.node_id,
+            self.targets,
+            self.rep,
+            self._report_error,
+            self._hb_now.set,
+            read_buffer_bytes=cfg.storage.read_buffer_bytes,
         )
         key = capability_key(cfg.security.secret_file, cfg.cluster.cluster_file)
         if key is not None:

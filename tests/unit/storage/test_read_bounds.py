@@ -139,3 +139,37 @@ def test_op_count_limit(method: str) -> None:
     with pytest.raises(FsError) as e:
         asyncio.run(getattr(op, method)(r))
     assert e.value.code == Code.INVALID_ARGUMENT
+
+
+def test_node_read_budget_makes_concurrent_reads_wait() -> None:
+    """Each request is within limits, but together they may not hold more than the budget."""
+    op = O.StorageOperator(
+        1, None, None, None, lambda: None, read_buffer_bytes=MAX_READ_BATCH_BYTES
+    )  # type: ignore[arg-type]
+    running = 0
+    peak = 0
+
+    async def slow(r: Any, reply: Any = None) -> storage_pb2.BatchReadResponse:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        running -= 1
+        return storage_pb2.BatchReadResponse()
+
+    op._batch_read = slow  # type: ignore[method-assign]
+
+    async def main() -> None:
+        await asyncio.gather(*(op.batch_read(req(1, MAX_READ_BATCH_BYTES)) for _ in range(4)))
+        await asyncio.gather(*(op.batch_read(req(1, 1 << 20)) for _ in range(8)))
+
+    asyncio.run(main())
+    assert peak == 8  # the small ones ran together; the large ones one at a time (checked below)
+    peak = 0
+
+    async def big() -> None:
+        await asyncio.gather(*(op.batch_read(req(1, MAX_READ_BATCH_BYTES)) for _ in range(4)))
+
+    asyncio.run(big())
+    assert peak == 1
