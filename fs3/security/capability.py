@@ -14,9 +14,10 @@ forwarding an update down its chain or repairing a replica) mint *service*
 capabilities for themselves (:class:`ServiceToken`): they cover every inode,
 so only a holder of the secret can make one.
 
-The token is opaque bytes on the wire: a fixed 28-byte body (version, rights,
-inode, first and last chunk index, expiry in Unix milliseconds) followed by the
-32-byte MAC of the body. Fixed layout rather than a protobuf body, so what is
+The token is opaque bytes on the wire: a fixed 36-byte body (version, rights,
+inode, first and last chunk index, issue and expiry times in Unix milliseconds)
+followed by the 32-byte MAC of the body. The issue time lets a client know a
+grant's life without trusting its own clock to agree with meta's. Fixed layout rather than a protobuf body, so what is
 signed is exactly what is parsed.
 """
 
@@ -43,7 +44,7 @@ SERVICE = 4  # any inode, any chunk: minted only by services holding the cluster
 _ALL_RIGHTS = READ | WRITE | SERVICE
 
 VERSION = 1
-_BODY = struct.Struct("<BBHQIIQ")  # version, rights, reserved, inode, first, last, expires_ms
+_BODY = struct.Struct("<BBHQIIQQ")  # version, rights, reserved, inode, first, last, issued, expires
 MAC_BYTES = 32
 TOKEN_BYTES = _BODY.size + MAC_BYTES
 
@@ -62,7 +63,8 @@ class Capability:
     rights: int
     first: int  # first chunk index covered
     last: int  # last chunk index covered (inclusive)
-    expires_ms: int  # Unix time in milliseconds
+    issued_ms: int  # Unix time in milliseconds (meta's clock)
+    expires_ms: int
 
     def allows(self, need: int) -> bool:
         return self.rights & SERVICE != 0 or self.rights & need == need
@@ -84,10 +86,10 @@ def peek(token: bytes) -> Capability | None:
     """Parse a token without checking its MAC (clients: to know when to refresh)."""
     if len(token) != TOKEN_BYTES:
         return None
-    version, rights, _res, inode, first, last, expires_ms = _BODY.unpack_from(token)
+    version, rights, _res, inode, first, last, issued_ms, expires_ms = _BODY.unpack_from(token)
     if version != VERSION:
         return None
-    return Capability(inode, rights, first, last, expires_ms)
+    return Capability(inode, rights, first, last, issued_ms, expires_ms)
 
 
 class CapabilitySigner:
@@ -109,8 +111,9 @@ class CapabilitySigner:
             raise FsError(Code.INVALID_ARGUMENT, f"bad capability rights {rights:#x}")
         if not 0 <= first <= last <= MAX_CHUNK_INDEX:
             raise FsError(Code.INVALID_ARGUMENT, f"bad chunk range [{first}, {last}]")
-        expires_ms = int((self._clock() + ttl_s) * 1000)
-        body = _BODY.pack(VERSION, rights, 0, inode, first, last, expires_ms)
+        issued_ms = int(self._clock() * 1000)
+        expires_ms = issued_ms + int(ttl_s * 1000)
+        body = _BODY.pack(VERSION, rights, 0, inode, first, last, issued_ms, expires_ms)
         return body + hmac.digest(self._key, body, hashlib.sha256)
 
     def service(self, ttl_s: float = SERVICE_TTL_S) -> bytes:
@@ -267,8 +270,8 @@ class CapabilityCache:
         cap = peek(token)
         if cap is None:
             return
-        now = self._clock()
-        renew_at = now + max(0.0, cap.expires_ms / 1000 - now) * (1 - self._margin)
+        now = self._clock()  # the grant's life by meta's clock, counted from now by ours
+        renew_at = now + max(0, cap.expires_ms - cap.issued_ms) / 1000 * (1 - self._margin)
         if len(self._tokens) >= self._max:
             self._tokens.clear()  # bounded; a miss costs one GetCapability
         for right in (READ, WRITE):

@@ -152,3 +152,25 @@ def test_capability_key_from_the_cluster_directory(tmp_path: object) -> None:
     )
     with pytest.raises(FsError):
         C.capability_key(str(d / "missing"), str(cf))  # a configured secret must exist
+
+
+def test_cache_does_not_trust_its_clock_to_match_metas() -> None:
+    """A client clock an hour ahead of meta's still keeps a fresh grant for half its life."""
+    meta_clock, client_clock = FakeClock(), FakeClock(1_000_000.0 + 3600)
+    signer = C.CapabilitySigner(KEY, meta_clock)
+    fetched: list[int] = []
+
+    async def fetch(inode: int, write: bool) -> bytes:
+        fetched.append(inode)
+        return signer.issue(inode, C.READ, 10)
+
+    async def main() -> None:
+        cache = C.CapabilityCache(fetch, client_clock)
+        for _ in range(5):
+            await cache.token(9, False)
+        assert fetched == [9]
+        client_clock.t += 6
+        await cache.token(9, False)
+        assert fetched == [9, 9]
+
+    asyncio.run(main())
