@@ -52,6 +52,7 @@ TOKEN_BYTES = _BODY.size + MAC_BYTES
 # long past its expiry so a skew of a second or two does not fail fresh grants.
 CLOCK_SKEW_S = 2.0
 DEFAULT_TTL_S = 120.0
+OPEN_CLUSTER_RECHECK_S = 60.0  # a client of a cluster without a secret asks meta again after this
 SERVICE_TTL_S = 300.0
 
 
@@ -263,6 +264,9 @@ class CapabilityCache:
             tuple[int, int], tuple[bytes, float]
         ] = {}  # (inode, right) -> (token, renew_at)
         self._inflight: dict[tuple[int, int], asyncio.Future[bytes]] = {}
+        # Meta answered an empty grant (the cluster has no secret, storage checks
+        # nothing): send none, without asking again, until this time.
+        self._open_until = 0.0
         self.fetches = 0
 
     def put(self, token: bytes) -> None:
@@ -290,6 +294,8 @@ class CapabilityCache:
             self._tokens.pop((inode, right), None)
 
     async def token(self, inode: int, write: bool) -> bytes:
+        if self._open_until and self._clock() < self._open_until:
+            return b""
         key = (inode, WRITE if write else READ)
         cur = self._tokens.get(key)
         if cur is not None and self._clock() < cur[1]:
@@ -304,7 +310,11 @@ class CapabilityCache:
     async def _fetch_one(self, inode: int, write: bool) -> bytes:
         self.fetches += 1
         tok = await self._fetch(inode, write)
-        self.put(tok)
+        if not tok:
+            self._open_until = self._clock() + OPEN_CLUSTER_RECHECK_S
+        else:
+            self._open_until = 0.0
+            self.put(tok)
         return tok
 
 

@@ -258,6 +258,7 @@ def test_read_stream_client_that_never_reads_is_throttled(
                 break
             time.sleep(0.05)
         assert pulled < 200_000, "the server kept taking requests whose answers nobody read"
+        OUTCOMES["ReadStream, answers never read: requests the server took"] = {"count": pulled}
         check_after(secure_cluster, client, baseline, f"ReadStream never read ({pulled} sent)")
     finally:
         stop.set()

@@ -174,3 +174,23 @@ def test_cache_does_not_trust_its_clock_to_match_metas() -> None:
         assert fetched == [9, 9]
 
     asyncio.run(main())
+
+
+def test_cache_of_a_cluster_without_secret_asks_once() -> None:
+    clock = FakeClock()
+    asked: list[int] = []
+
+    async def fetch(inode: int, write: bool) -> bytes:
+        asked.append(inode)
+        return b""  # meta has no secret: storage checks nothing
+
+    async def main() -> None:
+        cache = C.CapabilityCache(fetch, clock)
+        for ino in range(10):
+            assert await cache.token(ino, ino % 2 == 0) == b""
+        assert asked == [0]
+        clock.t += C.OPEN_CLUSTER_RECHECK_S + 1
+        await cache.token(3, False)
+        assert asked == [0, 3]
+
+    asyncio.run(main())
