@@ -66,9 +66,10 @@ def main() -> int:
     try:
         with open_c, sec_c:
             load = os.getloadavg()
-            for _ in range(args.rounds):
-                runs["open"].append(bench(open_c))
-                runs["secured"].append(bench(sec_c))
+            for i in range(args.rounds):  # ABBA order: a drifting load favours neither
+                order = [("open", open_c), ("secured", sec_c)]
+                for name, c in order if i % 2 == 0 else order[::-1]:
+                    runs[name].append(bench(c))
     finally:
         shutil.rmtree(open_c.dir, ignore_errors=True)
         shutil.rmtree(sec_c.dir, ignore_errors=True)
@@ -78,7 +79,7 @@ def main() -> int:
         "",
         f"`{' '.join(sys.argv)}` at {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())};"
         f" load average at start {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} (2 shared cores).",
-        f"Bench: `fs3 bench --cluster FILE {' '.join(BENCH)}`, interleaved, median of {args.rounds}.",
+        f"Bench: `fs3 bench --cluster FILE {' '.join(BENCH)}`, interleaved in ABBA order, median of {args.rounds}.",
         "",
         "| figure | open | secured | secured/open |",
         "| --- | --- | --- | --- |",
