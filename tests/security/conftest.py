@@ -8,6 +8,7 @@ Capabilities live 1 s here (the minimum) so refreshes happen during the tests.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,8 @@ from fs3.security.keys import create_secret
 from fs3.testing.cluster import ProcessCluster
 
 CAP_TTL_S = 1.0
+# The tier mounts the cluster (FUSE and USRBIO renew capabilities too) where it can.
+HAVE_FUSE = os.path.exists("/dev/fuse") and shutil.which("fusermount3") is not None
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +36,7 @@ def secure_cluster() -> Iterator[ProcessCluster]:
         meta=1,
         mgmtd=1,
         transport="grpc",
-        mount=True,  # FUSE and USRBIO renew capabilities too (tests/security/test_capabilities.py)
+        mount=HAVE_FUSE,
         overrides={
             "storage": {"storage": {"fsync": False}},
             "meta": {"security": {"capability_ttl_s": CAP_TTL_S}},
@@ -47,8 +50,6 @@ def secure_cluster() -> Iterator[ProcessCluster]:
     finally:
         c.close(failed=failed)
         if not failed:
-            import shutil
-
             shutil.rmtree(d, ignore_errors=True)
 
 
@@ -81,4 +82,4 @@ def all_alive(c: ProcessCluster) -> None:
     assert not dead, f"servers died: {dead}"
 
 
-__all__ = ["rss_kib", "server_pids", "all_alive", "os"]
+__all__ = ["HAVE_FUSE", "all_alive", "rss_kib", "server_pids"]

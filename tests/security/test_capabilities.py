@@ -26,7 +26,7 @@ from fs3.rpc.channel import call_sync, sync_channel
 from fs3.security import capability as C
 from fs3.security.keys import PURPOSE_CAPABILITY, derive_key
 from fs3.testing.cluster import ProcessCluster
-from tests.security.conftest import CAP_TTL_S, all_alive
+from tests.security.conftest import CAP_TTL_S, HAVE_FUSE, all_alive
 
 pytestmark = [pytest.mark.security, pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -363,6 +363,8 @@ def test_open_grant_follows_the_open_mode(secure_cluster: ProcessCluster, client
     assert fs3 is not None
 
 
+@pytest.mark.fuse
+@pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fusermount3")
 def test_fuse_and_usrbio_outlive_their_capabilities(secure_cluster: ProcessCluster) -> None:
     """Through the mount (FUSE writes, USRBIO ring reads and writes on the daemon's handle)
     a file stays usable across several capability lifetimes."""

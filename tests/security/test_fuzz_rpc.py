@@ -83,7 +83,8 @@ def addresses(secure_cluster: ProcessCluster) -> dict[str, str]:
     s = secure_cluster.status()
     out: dict[str, str] = {}
     for p in s["processes"]:
-        out.setdefault(p["role"], p["address"])
+        if p["role"] in ("mgmtd", "meta", "storage"):  # servers (not the mount daemon)
+            out.setdefault(p["role"], p["address"])
     return out
 
 
