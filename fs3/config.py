@@ -177,6 +177,7 @@ class StorageSection:
     io_threads: int = 16  # blocking chunk I/O pool per node (stage, data sync, commit, large reads)
     overlap_forward: bool = True  # forward a plain write down the chain while staging it locally
     direct_write: bool = True  # O_DIRECT for whole page-aligned chunk versions (saves a copy)
+    read_buffer_bytes: int = 1 << 30  # bytes all reads of the node may hold at once; more wait
 
     def validate(self) -> None:
         _check(1 <= self.io_threads <= 256, "io_threads must be in 1..256")
@@ -185,6 +186,7 @@ class StorageSection:
             "target_ids must be empty or as long as targets (with no targets: <data_dir>/t<N> per id)",
         )
         _check(0 < self.low_space_ratio <= 1, "low_space_ratio must be in (0, 1]")
+        _check(self.read_buffer_bytes >= 64 << 20, "read_buffer_bytes must be >= 64 MiB")
 
 
 @dataclass
@@ -290,6 +292,17 @@ class FuseSection:
         _check(self.write_buffer_age_s > 0, "write_buffer_age_s must be > 0")
 
 
+@dataclass
+class SecuritySection:
+    """Where the cluster secret is and how long chunk capabilities live (fs3/security)."""
+
+    secret_file: str = ""  # the cluster secret (0600); empty: fs3.secret beside the cluster file
+    capability_ttl_s: float = 120.0  # meta: life of a chunk capability (clients renew at half)
+
+    def validate(self) -> None:
+        _check(self.capability_ttl_s >= 1, "capability_ttl_s must be >= 1")
+
+
 # --------------------------------------------------------------------------- services
 
 
@@ -315,6 +328,7 @@ class MetaConfig:
     client: ClientSection = field(default_factory=ClientSection)
     transport: TransportSection = field(default_factory=TransportSection)
     rpc: RpcSection = field(default_factory=RpcSection)
+    security: SecuritySection = field(default_factory=SecuritySection)
 
 
 @dataclass
@@ -327,6 +341,7 @@ class StorageConfig:
     transport: TransportSection = field(default_factory=TransportSection)
     client: ClientSection = field(default_factory=ClientSection)
     rpc: RpcSection = field(default_factory=RpcSection)
+    security: SecuritySection = field(default_factory=SecuritySection)
 
 
 @dataclass

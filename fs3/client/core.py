@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import errno as _errno
 import itertools
 import logging
@@ -68,6 +69,7 @@ from fs3.errors import Code, FsError, posix
 from fs3.proto import common_pb2, meta_pb2
 from fs3.routing import Routing, RoutingWatcher
 from fs3.rpc.channel import ChannelPool
+from fs3.security.capability import CapabilityCache
 from fs3.transport.base import ClientTransport
 
 log = logging.getLogger("fs3.client")
@@ -261,6 +263,13 @@ def layout_of(attr: meta_pb2.Attr) -> Layout:
     )
 
 
+# Who asks for a chunk capability when no open handle of the inode can (a path
+# truncate): set around that storage work, read by AsyncClient._fetch_capability.
+_CAP_CALLER: contextvars.ContextVar[tuple[Caller, str] | None] = contextvars.ContextVar(
+    "fs3_cap_caller", default=None
+)
+
+
 class AsyncClient:
     """The fs3 client core (asyncio). Create with :meth:`connect`; close with :meth:`close`."""
 
@@ -298,6 +307,10 @@ class AsyncClient:
             self.policy,
             io_depth=c.io_depth,
         )
+        # Chunk capabilities from meta (Open/Create answers, then GetCapability), renewed
+        # before they expire, so storage I/O of every path (Python API, FUSE, USRBIO) has one.
+        self.capabilities = CapabilityCache(self._fetch_capability)
+        self.storage.caps = self.capabilities
         self._fh_ids = itertools.count(1)
         self._handles: dict[int, FileHandle] = {}
         self._reporter: asyncio.Task[None] | None = None
@@ -500,7 +513,11 @@ class AsyncClient:
                 h.write_mtime_ns = 0
         if size is not None:
             if r.need_truncate:
-                await self._trim(attr, size)
+                ctx = _CAP_CALLER.set((caller, req.session_id))
+                try:
+                    await self._trim(attr, size)
+                finally:
+                    _CAP_CALLER.reset(ctx)
             self._after_truncate(attr)
         return self._overlay(attr)
 
@@ -815,8 +832,34 @@ class AsyncClient:
         )
         return await self._opened(caller, r, flags)
 
+    async def _fetch_capability(self, inode: int, write: bool) -> bytes:
+        """A fresh grant from meta, asked as an open handle of ``inode`` that has the right
+        (renewed by its session), else as the caller doing a path operation (``_CAP_CALLER``)."""
+        who: tuple[Caller, str] | None = None
+        for h in self._handles_of(inode):
+            if not h.closed and (h.writable if write else h.readable or h.writable):
+                who = (h.caller, h.session_id)
+                if h.writable if write else h.readable:
+                    break
+        if who is None:
+            who = _CAP_CALLER.get()
+        if who is None:
+            raise FsError(
+                Code.PERMISSION_DENIED,
+                f"no open handle of inode {inode} to ask meta for a {'write' if write else 'read'} grant",
+            )
+        r = await self.meta.call(
+            "GetCapability",
+            meta_pb2.GetCapabilityRequest(
+                user=who[0].to_proto(), inode=inode, write=write, session_id=who[1]
+            ),
+        )
+        return bytes(r.capability)
+
     async def _opened(self, caller: Caller, r: meta_pb2.OpenResponse, flags: int) -> FileHandle:
         attr = r.attr
+        if r.capability:
+            self.capabilities.put(r.capability)
         lay = layout_of(attr)
         h = FileHandle(
             fh=next(self._fh_ids),
@@ -831,6 +874,7 @@ class AsyncClient:
             known_length=int(attr.size),
         )
         if r.need_truncate:
+            ctx = _CAP_CALLER.set((caller, r.session_id))
             try:
                 await self._wait_inode(h.inode)  # our own writes in flight must not land after it
                 await self._trim(attr, int(attr.size))
@@ -840,6 +884,8 @@ class AsyncClient:
                     with contextlib.suppress(FsError):
                         await self._close_session(h, with_hint=False)
                 raise
+            finally:
+                _CAP_CALLER.reset(ctx)
         self._handles[h.fh] = h
         return h
 

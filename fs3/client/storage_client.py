@@ -49,6 +49,7 @@ from fs3.errors import Code, FsError
 from fs3.proto import storage_pb2, storage_pb2_grpc
 from fs3.routing import Routing
 from fs3.rpc.channel import BidiStream, ChannelPool, call
+from fs3.security.capability import CapabilitySource
 from fs3.transport.base import (
     DONE,
     ClientTransport,
@@ -61,7 +62,7 @@ from fs3.transport.base import (
 
 log = logging.getLogger("fs3.client.storage")
 
-# ios per BatchRead RPC: the storage server accepts up to 1024 (fs3.storage.operator.MAX_READ_IOS);
+# ios per BatchRead RPC: the storage server accepts up to 1024 (fs3.limits.MAX_READ_IOS);
 # 256 keeps one response small and lets several batches to one node run at once.
 MAX_BATCH_READ_IOS = 256
 
@@ -78,6 +79,8 @@ _ROUTING_ERRORS = frozenset(
         Code.TRANSPORT,
     }
 )
+# A capability storage refused: fetch a fresh one (fs3/security/capability.py).
+_CAP_ERRORS = frozenset({Code.CAPABILITY_EXPIRED, Code.PERMISSION_DENIED})
 # Per-replica read failures worth trying on another replica.
 _TRY_OTHER_REPLICA = frozenset(
     {
@@ -95,7 +98,8 @@ _TRY_OTHER_REPLICA = frozenset(
 MAX_CHANNELS = 65535
 
 # bytes asked for per batch: an answer's bulk payload stays far below the native
-# transport's payload limit ([rpc] max_payload_bytes, 64 MiB by default)
+# transport's payload limit ([rpc] max_payload_bytes, 64 MiB by default) and the
+# server's per-request limit (fs3.limits.MAX_READ_BATCH_BYTES); a larger piece goes alone
 MAX_BATCH_READ_BYTES = 16 << 20
 
 # a queued read: (io, timeout, its future, its destination when io.dest is a frame ref)
@@ -472,6 +476,9 @@ class StorageClient:
         self._frames = pool.carries_payload and transport.kind != "shm"
         self._streams: dict[str, NodeReadStream] = {}
         self._no_stream: set[str] = set()
+        # Where chunk capabilities come from (fs3/security/capability.py): the client's
+        # grants from meta, or a service's own token; None: send none (no cluster secret).
+        self.caps: CapabilitySource | None = None
         self.stats = {
             "read_streams_opened": 0,
             "read_retries": 0,
@@ -603,6 +610,21 @@ class StorageClient:
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
 
+    async def _cap(self, inode: int, write: bool) -> bytes:
+        """The capability for I/O on ``inode`` (empty when there is no source)."""
+        return b"" if self.caps is None else await self.caps.token(inode, write)
+
+    def _cap_refused(self, inode: int, token: bytes, e: FsError, attempt: int) -> FsError:
+        """``e`` as the attempt should raise it: a refused capability is dropped and the
+        retry fetches a fresh one (an expired grant always; a denied one once, since
+        meta answers a real lack of permission with EACCES on the fetch)."""
+        if self.caps is None or e.code not in _CAP_ERRORS:
+            return e
+        self.caps.invalidate(inode, token)
+        if e.code == Code.CAPABILITY_EXPIRED or attempt == 1:
+            return FsError(e.code, e.message, errno=e.errno, retryable=True)
+        return e
+
     def _head(self, routing: Routing, chain_id: int) -> tuple[int, Any, int]:
         """(head target id, its node, chain version) or a retryable error."""
         with _stale_routing_is_retryable():
@@ -658,6 +680,7 @@ class StorageClient:
                 if n > 1:
                     self.stats["write_retries"] += 1
                 head, node, version = self._head(self._routing(), p.chain_id)
+                token = await self._cap(inode, True)
                 bulk: memoryview | None = None
                 if self._frames:
                     bulk, ref, sent = data, frame_ref(len(data)), DONE
@@ -680,6 +703,7 @@ class StorageClient:
                     tag=tag,
                     retry_count=n - 1,
                     target_id=head,
+                    capability=token,
                 )
                 try:
                     resp = await call(
@@ -689,6 +713,8 @@ class StorageClient:
                         what=f"storage.Write@{node.address}",
                         payload=bulk,
                     )
+                except FsError as e:
+                    raise self._cap_refused(inode, token, e, n) from None
                 finally:
                     await _settle(sent)
                 res = resp.result
@@ -761,9 +787,14 @@ class StorageClient:
                     bad.clear()  # every replica failed once: start over
                 target = self._rng.choice(candidates)
                 node = routing.node_of_target(target)
+            token = await self._cap(inode, False)
             try:
-                await self._read_once(inode, p, dest, node, target, int(chain.version), deadline)
+                await self._read_once(
+                    inode, p, dest, node, target, int(chain.version), deadline, token
+                )
             except FsError as e:
+                if e.code in _CAP_ERRORS:
+                    raise self._cap_refused(inode, token, e, n) from None
                 if e.code in _TRY_OTHER_REPLICA:
                     bad.add(target)
                     if e.code == Code.CHECKSUM_MISMATCH or e.code == Code.INTERNAL:
@@ -784,6 +815,7 @@ class StorageClient:
         target: int,
         version: int,
         deadline: Deadline,
+        token: bytes = b"",
     ) -> None:
         frame = self._frames
         complete: ReadCompletion = _noop_complete
@@ -799,6 +831,7 @@ class StorageClient:
             length=p.length,
             dest=ref,
             target_id=target,
+            capability=token,
         )
         # One BatchRead per node per loop turn carries every read issued meanwhile (see ReadBatcher).
         r = await self._batcher(node.address).submit(
@@ -932,8 +965,9 @@ class StorageClient:
         deadline = Deadline(self._policy.deadline_s)
         try:
 
-            async def attempt(_n: int) -> tuple[int, bool]:
+            async def attempt(n: int) -> tuple[int, bool]:
                 _head, node, version = self._head(self._routing(), chain_id)
+                token = await self._cap(inode, True)
                 req = storage_pb2.RemoveChunksRequest(
                     ops=[
                         storage_pb2.RemoveChunksOp(
@@ -941,6 +975,7 @@ class StorageClient:
                             chain_version=version,
                             range=storage_pb2.ChunkRange(inode=inode, begin=begin, end=end),
                             tag=tag,
+                            capability=token,
                         )
                     ]
                 )
@@ -952,12 +987,7 @@ class StorageClient:
                 )
                 r = resp.results[0]
                 if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
-                    raise FsError(
-                        r.error.code,
-                        r.error.message,
-                        errno=r.error.errno or None,
-                        retryable=r.error.retryable,
-                    )
+                    raise self._cap_refused(inode, token, _item_error(r.error), n)
                 return int(r.removed), bool(r.more)
 
             return await retrying(
@@ -984,8 +1014,9 @@ class StorageClient:
         deadline = Deadline(self._policy.deadline_s)
         try:
 
-            async def attempt(_n: int) -> None:
+            async def attempt(n: int) -> None:
                 _head, node, version = self._head(self._routing(), chain_id)
+                token = await self._cap(inode, True)
                 req = storage_pb2.TruncateChunksRequest(
                     ops=[
                         storage_pb2.TruncateChunkOp(
@@ -996,6 +1027,7 @@ class StorageClient:
                             chunk_size=chunk_size,
                             only_extend=only_extend,
                             tag=tag,
+                            capability=token,
                         )
                     ]
                 )
@@ -1007,12 +1039,7 @@ class StorageClient:
                 )
                 r = resp.results[0]
                 if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
-                    raise FsError(
-                        r.error.code,
-                        r.error.message,
-                        errno=r.error.errno or None,
-                        retryable=r.error.retryable,
-                    )
+                    raise self._cap_refused(inode, token, _item_error(r.error), n)
 
             await retrying(
                 attempt,
@@ -1034,7 +1061,8 @@ class StorageClient:
         async def one(chain_id: int) -> int:
             deadline = Deadline(self._policy.deadline_s)
 
-            async def attempt(_n: int) -> int:
+            async def attempt(n: int) -> int:
+                token = await self._cap(inode, False)
                 routing = self._routing()
                 with _stale_routing_is_retryable():
                     chain = routing.chain(chain_id)
@@ -1052,6 +1080,7 @@ class StorageClient:
                             chain_id=chain_id,
                             chain_version=int(chain.version),
                             range=storage_pb2.ChunkRange(inode=inode, begin=0, end=0),
+                            capability=token,
                         )
                     ]
                 )
@@ -1063,12 +1092,7 @@ class StorageClient:
                 )
                 r = resp.results[0]
                 if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
-                    raise FsError(
-                        r.error.code,
-                        r.error.message,
-                        errno=r.error.errno or None,
-                        retryable=r.error.retryable,
-                    )
+                    raise self._cap_refused(inode, token, _item_error(r.error), n)
                 if not r.found:
                     return 0
                 return int(r.last_index) * chunk_size + int(r.last_length)
@@ -1082,6 +1106,11 @@ class StorageClient:
 
         lengths = await self._bounded([one(c) for c in dict.fromkeys(chains)])
         return max(lengths, default=0)
+
+
+def _item_error(e: Any) -> FsError:
+    """The FsError of a per-item ``ErrorDetail`` in a batch answer."""
+    return FsError(e.code, e.message, errno=e.errno or None, retryable=e.retryable)
 
 
 def _frame_bytes(

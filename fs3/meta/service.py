@@ -200,3 +200,8 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
     async def AckGc(self, request: meta_pb2.AckGcRequest, context: Any) -> common_pb2.Empty:
         return await self._run(self.op.ack_gc, request)  # type: ignore[no-any-return]
+
+    async def GetCapability(
+        self, request: meta_pb2.GetCapabilityRequest, context: Any
+    ) -> meta_pb2.GetCapabilityResponse:
+        return await self._run(self.op.get_capability, request)  # type: ignore[no-any-return]

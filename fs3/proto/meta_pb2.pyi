@@ -208,20 +208,22 @@ class CreateRequest(_message.Message):
     def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., request_id: _Optional[str] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., mode: _Optional[int] = ..., flags: _Optional[int] = ..., client_id: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ...) -> None: ...
 
 class OpenResponse(_message.Message):
-    __slots__ = ("attr", "session_id", "created", "need_truncate", "old_size", "parent_attr")
+    __slots__ = ("attr", "session_id", "created", "need_truncate", "old_size", "parent_attr", "capability")
     ATTR_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     NEED_TRUNCATE_FIELD_NUMBER: _ClassVar[int]
     OLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     PARENT_ATTR_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     attr: Attr
     session_id: str
     created: bool
     need_truncate: bool
     old_size: int
     parent_attr: Attr
-    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., session_id: _Optional[str] = ..., created: _Optional[bool] = ..., need_truncate: _Optional[bool] = ..., old_size: _Optional[int] = ..., parent_attr: _Optional[_Union[Attr, _Mapping]] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., session_id: _Optional[str] = ..., created: _Optional[bool] = ..., need_truncate: _Optional[bool] = ..., old_size: _Optional[int] = ..., parent_attr: _Optional[_Union[Attr, _Mapping]] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class OpenRequest(_message.Message):
     __slots__ = ("user", "request_id", "inode", "flags", "client_id")
@@ -560,6 +562,24 @@ class AckGcRequest(_message.Message):
     user: _common_pb2.UserInfo
     ids: _containers.RepeatedScalarFieldContainer[bytes]
     def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., ids: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class GetCapabilityRequest(_message.Message):
+    __slots__ = ("user", "inode", "write", "session_id")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    WRITE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    user: _common_pb2.UserInfo
+    inode: int
+    write: bool
+    session_id: str
+    def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., inode: _Optional[int] = ..., write: _Optional[bool] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class GetCapabilityResponse(_message.Message):
+    __slots__ = ("capability",)
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    capability: bytes
+    def __init__(self, capability: _Optional[bytes] = ...) -> None: ...
 
 class InodeRecord(_message.Message):
     __slots__ = ("attr", "symlink_target")

@@ -170,6 +170,11 @@ class MetaServiceStub:
                 request_serializer=meta__pb2.AckGcRequest.SerializeToString,
                 response_deserializer=common__pb2.Empty.FromString,
                 _registered_method=True)
+        self.GetCapability = channel.unary_unary(
+                '/fs3.v1.MetaService/GetCapability',
+                request_serializer=meta__pb2.GetCapabilityRequest.SerializeToString,
+                response_deserializer=meta__pb2.GetCapabilityResponse.FromString,
+                _registered_method=True)
 
 
 class MetaServiceServicer:
@@ -337,6 +342,12 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCapability(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MetaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -474,6 +485,11 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.AckGc,
                     request_deserializer=meta__pb2.AckGcRequest.FromString,
                     response_serializer=common__pb2.Empty.SerializeToString,
+            ),
+            'GetCapability': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCapability,
+                    request_deserializer=meta__pb2.GetCapabilityRequest.FromString,
+                    response_serializer=meta__pb2.GetCapabilityResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1205,6 +1221,33 @@ class MetaService:
             '/fs3.v1.MetaService/AckGc',
             meta__pb2.AckGcRequest.SerializeToString,
             common__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCapability(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fs3.v1.MetaService/GetCapability',
+            meta__pb2.GetCapabilityRequest.SerializeToString,
+            meta__pb2.GetCapabilityResponse.FromString,
             options,
             channel_credentials,
             insecure,

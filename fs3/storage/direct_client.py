@@ -55,6 +55,8 @@ class DirectStorageClient:
         transport: ``grpc`` | ``tcp`` | ``shm`` or a ``ClientTransport``.
         retry_deadline_s: keep retrying retryable failures this long.
         rpc_timeout_s: deadline of one RPC.
+        capability: the chunk capability every request carries (on a cluster with a
+            secret: a service token, ``fs3.security.capability.ServiceToken(...).token``).
     """
 
     def __init__(
@@ -65,8 +67,10 @@ class DirectStorageClient:
         retry_deadline_s: float = 30.0,
         rpc_timeout_s: float = 10.0,
         client_id: str = "",
+        capability: Callable[[], bytes] = lambda: b"",
     ) -> None:
         self.mgmtd = mgmtd
+        self.capability = capability
         self.client_id = client_id or f"direct-{uuid.uuid4().hex[:12]}"
         self.transport = (
             client_transport(transport, self.client_id) if isinstance(transport, str) else transport
@@ -175,7 +179,9 @@ class DirectStorageClient:
                     io.data.CopyFrom(ref)
             resp = await call(
                 self.stub(node.address).Write,
-                storage_pb2.WriteRequest(io=io, tag=tag, target_id=head),
+                storage_pb2.WriteRequest(
+                    io=io, tag=tag, target_id=head, capability=self.capability()
+                ),
                 timeout=self.rpc_timeout_s,
                 what=f"Write@{node.address}",
                 payload=bulk,
@@ -237,6 +243,7 @@ class DirectStorageClient:
                     node.address, node.data_address, dest[:length]
                 )
             rio = storage_pb2.ReadIO(
+                capability=self.capability(),
                 chain_id=chain_id,
                 chain_version=r.chain_version(chain_id),
                 offset=offset,
@@ -364,7 +371,9 @@ class DirectStorageClient:
                 raise FsError(Code.TARGET_NOT_SERVING, f"chain {chain_id} has no serving target")
             node = r.node_of_target(serving[0])
             op = storage_pb2.QueryLastChunkOp(
-                chain_id=chain_id, chain_version=r.chain_version(chain_id)
+                chain_id=chain_id,
+                chain_version=r.chain_version(chain_id),
+                capability=self.capability(),
             )
             op.range.inode = inode
             resp = await call(
@@ -392,7 +401,9 @@ class DirectStorageClient:
                     )
                 node = r.node_of_target(head)
                 op = storage_pb2.RemoveChunksOp(
-                    chain_id=chain_id, chain_version=r.chain_version(chain_id)
+                    chain_id=chain_id,
+                    chain_version=r.chain_version(chain_id),
+                    capability=self.capability(),
                 )
                 op.range.inode, op.range.begin, op.range.end = inode, begin, end
                 resp = await call(
