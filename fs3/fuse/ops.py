@@ -282,6 +282,16 @@ class DirHandle:
     #: the listing was delivered to its end after this name: the kernel's closing
     #: readdir call (it asks until a reply is empty) is answered without a ReadDir
     end_after: bytes | None = None
+    #: the next page (the cursor it follows, its ReadDir), fetched while the kernel
+    #: takes the current one: meta lists it while this daemon and the kernel work
+    ahead: tuple[bytes, asyncio.Task[tuple[list[meta_pb2.DirEntry], bool]]] | None = None
+
+    def drop_ahead(self) -> None:
+        """Cancel the page fetched ahead (a seek elsewhere, closedir, unmount)."""
+        if self.ahead is not None:
+            task, self.ahead = self.ahead[1], None
+            task.cancel()
+            task.add_done_callback(_consume)
 
     def offset_of(self, name: bytes) -> int:
         """The offset of ``name`` in this handle (a new one the first time, or once forgotten)."""
@@ -294,6 +304,12 @@ class DirHandle:
                 old = next(iter(self.names))
                 self.ids.pop(self.names.pop(old), None)
         return nid
+
+
+def _consume(task: asyncio.Task[Any]) -> None:
+    """Retrieve a dropped task's outcome (nobody awaits it; asyncio would log it)."""
+    if not task.cancelled():
+        task.exception()
 
 
 @dataclass
@@ -359,6 +375,8 @@ class Fs3Operations(pyfuse3.Operations):
         """Cancel and wait for every background task (after :meth:`drain`, before unmount)."""
         self._running = False
         await self.lowlevel.stop()
+        for d in self.dirs.values():
+            d.drop_ahead()
         while self._tasks:
             tasks = list(self._tasks)
             for t in tasks:
@@ -910,6 +928,11 @@ class Fs3Operations(pyfuse3.Operations):
         e.entry_timeout = 0
         return e
 
+    async def _dir_page(self, d: DirHandle, cursor: bytes) -> tuple[list[meta_pb2.DirEntry], bool]:
+        return await self._call(
+            self.client.readdir(d.caller, d.inode, cursor, READDIR_PAGE, with_attrs=True)
+        )
+
     @_guard
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         d = self.dirs.get(fh)
@@ -942,11 +965,16 @@ class Fs3Operations(pyfuse3.Operations):
         while True:
             if d.buffer and d.buffer_after == cursor:
                 entries, more = d.buffer, d.buffer_more
+            elif d.ahead is not None and d.ahead[0] == cursor:
+                task, d.ahead = d.ahead[1], None
+                entries, more = await task
             else:
-                entries, more = await self._call(
-                    self.client.readdir(d.caller, d.inode, cursor, READDIR_PAGE, with_attrs=True)
-                )
+                d.drop_ahead()
+                entries, more = await self._dir_page(d, cursor)
             d.buffer, d.buffer_after = [], None
+            if more and entries and d.ahead is None:
+                after = entries[-1].name
+                d.ahead = (after, asyncio.get_running_loop().create_task(self._dir_page(d, after)))
             reply, entry = pyfuse3.readdir_reply, self._entry
             for i, e in enumerate(entries):
                 name = e.name
@@ -963,7 +991,9 @@ class Fs3Operations(pyfuse3.Operations):
 
     @_guard
     async def releasedir(self, fh: int) -> None:
-        self.dirs.pop(fh, None)
+        d = self.dirs.pop(fh, None)
+        if d is not None:
+            d.drop_ahead()
 
     @_guard
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
