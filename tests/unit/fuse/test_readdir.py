@@ -26,7 +26,7 @@ from fs3.fuse import ops as fuse_ops
 from fs3.fuse.ops import DIR_OFFSETS_MAX, READDIR_PAGE, Fs3Operations
 from fs3.proto import meta_pb2
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 
 DIR_INO = 77
 PARENT_INO = 5
@@ -165,7 +165,7 @@ def test_offsets_resume_after_the_right_name_and_old_ones_are_refused(
     """seekdir(telldir()) works within the kept window; far older offsets fail with EINVAL."""
     n = DIR_OFFSETS_MAX + 5000
     client = FakeClient(n)
-    ops = _ops(client)
+    ops = Fs3Operations(client, _config.FuseSection(attr_timeout_s=3600))  # type: ignore[arg-type]
     kb = KernelBuffer(per_call=1000)
     monkeypatch.setattr(fuse_ops.pyfuse3, "readdir_reply", kb.reply)
     ctx = _Ctx(0, 0, os.getpid())
@@ -204,6 +204,12 @@ def test_offsets_resume_after_the_right_name_and_old_ones_are_refused(
         await ops.readdir(fh, 0, None)  # type: ignore[arg-type]
         assert kb.names[:3] == [b".", b"..", _name(0)]
         assert client.calls["getattr"] == 1
+        # ... and fetched again once they are older than that
+        dh.attr_at -= 7200
+        kb.names.clear()
+        kb.taken = 0
+        await ops.readdir(fh, 0, None)  # type: ignore[arg-type]
+        assert kb.names[:2] == [b".", b".."] and client.calls["getattr"] == 2
 
     asyncio.run(run())
 
