@@ -47,7 +47,18 @@ Design decisions (the reasons are in the docstrings below):
   cache is not kept; otherwise ``keep_cache`` lets re-reads hit the page cache.
 * **readdir offsets** survive concurrent changes: meta pages by name, and each
   open directory handle maps the offsets it hands out to the name of the entry
-  they follow, so a resumed listing continues strictly after that name.
+  they follow, so a resumed listing continues strictly after that name. A
+  listing streams: the handle holds one page and the next one (fetched while
+  the kernel takes the current page) and the newest ``DIR_OFFSETS_MAX`` offsets,
+  whatever the directory's size (:class:`DirHandle`).
+* **Kernel caches** (``[fuse]`` ``attr_timeout_s``, ``entry_timeout_s``,
+  ``dir_entry_timeout_s``, ``negative_timeout_s``; README "Mount options"):
+  every reply with attributes carries them (:meth:`Fs3Operations._entry`);
+  listings are READDIRPLUS (pyfuse3 always asks for it). The kernel itself
+  updates or drops what it cached for a name or inode changed through this
+  mount (create, unlink, rename, link, setattr, write); what changes behind
+  its back on this mount (USRBIO writes, a file changed elsewhere found at
+  open) is invalidated with ``pyfuse3.invalidate_inode``.
 * **O_DIRECT** opens are not served in FUSE direct-I/O mode (see
   :class:`OpenFile`): mmap works, set-id bits are cleared, caches stay coherent.
 * **Exec** opens carry ``__FMODE_EXEC`` in their flags; meta then checks
