@@ -305,15 +305,22 @@ class DirHandle:
             task.add_done_callback(_consume)
 
     def offset_of(self, name: bytes) -> int:
-        """The offset of ``name`` in this handle (a new one the first time, or once forgotten)."""
+        """The offset of ``name`` in this handle (a new one the first time, or once forgotten).
+
+        ``names`` is kept in the order names were last handed out (dicts keep
+        insertion order): the one forgotten is the least recently handed out,
+        never one of the last reply's, which the kernel resumes from.
+        """
         nid = self.ids.get(name)
         if nid is None:
             nid = self.ids[name] = self.next_id
-            self.names[nid] = name
             self.next_id += 1
-            if len(self.names) > DIR_OFFSETS_MAX:  # forget the oldest (dicts keep insertion order)
+            if len(self.names) >= DIR_OFFSETS_MAX:
                 old = next(iter(self.names))
                 self.ids.pop(self.names.pop(old), None)
+        else:
+            del self.names[nid]
+        self.names[nid] = name
         return nid
 
 

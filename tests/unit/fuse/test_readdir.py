@@ -23,7 +23,7 @@ import pytest
 
 from fs3 import config as _config
 from fs3.fuse import ops as fuse_ops
-from fs3.fuse.ops import DIR_OFFSETS_MAX, READDIR_PAGE, Fs3Operations
+from fs3.fuse.ops import DIR_OFFSETS_MAX, READDIR_PAGE, DirHandle, Fs3Operations
 from fs3.proto import meta_pb2
 
 pytestmark = pytest.mark.timeout(300)
@@ -225,3 +225,39 @@ def test_entry_timeouts_follow_the_mount_options() -> None:
     assert (f.entry_timeout, f.attr_timeout) == (3.0, 2.5)
     assert s.entry_timeout == 3.0
     assert f.st_blocks == 9 and f.st_size == 4097  # blocks cover the size
+
+
+def test_offsets_forget_the_least_recently_handed_out_name() -> None:
+    """A name handed out again is kept over older ones: the kernel resumes from the newest."""
+    dh = DirHandle(DIR_INO, None, meta_pb2.Attr())  # type: ignore[arg-type]
+    first = [dh.offset_of(_name(i)) for i in range(DIR_OFFSETS_MAX)]
+    assert len(set(first)) == DIR_OFFSETS_MAX
+    assert dh.offset_of(_name(0)) == first[0]  # listed again (rewinddir): same offset
+    dh.offset_of(b"new")  # one name over the limit: the least recent goes, not name 0
+    assert dh.names.get(first[0]) == _name(0)
+    assert first[1] not in dh.names and _name(1) not in dh.ids
+    assert len(dh.names) == len(dh.ids) == DIR_OFFSETS_MAX
+    # a name forgotten and listed again gets a new offset (its old one stays refused)
+    again = dh.offset_of(_name(1))
+    assert again != first[1] and dh.names[again] == _name(1)
+
+
+def test_two_full_passes_over_a_directory_larger_than_the_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """rewinddir and list again: every name once per pass, every resume found."""
+    n = DIR_OFFSETS_MAX + 3000
+    client = FakeClient(n)
+    ops = _ops(client)
+    kb = KernelBuffer(per_call=97, keep=False)
+    monkeypatch.setattr(fuse_ops.pyfuse3, "readdir_reply", kb.reply)
+
+    async def run() -> None:
+        fh = await ops.opendir(DIR_INO, _Ctx(0, 0, os.getpid()))  # type: ignore[arg-type]
+        for _ in range(2):
+            kb.files = 0
+            kb.names.clear()
+            await _list(ops, fh, kb)
+            assert kb.files == n and kb.names == [b".", b".."]
+
+    asyncio.run(run())
