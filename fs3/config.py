@@ -264,7 +264,7 @@ class ClientSection:
 
 @dataclass
 class FuseSection:
-    # kernel caches (JuiceFS's mount defaults: attr/entry/dir-entry 1 s, negative 0)
+    # kernel caches (README "Mount options"; the defaults the suite's JuiceFS mount uses too)
     attr_timeout_s: float = 1.0  # attributes (stat) of any inode
     entry_timeout_s: float = 1.0  # a name -> inode lookup of a non-directory
     dir_entry_timeout_s: float = 1.0  # a name -> inode lookup of a directory
