@@ -266,9 +266,11 @@ class ClientSection:
 
 @dataclass
 class FuseSection:
-    attr_timeout_s: float = 1.0
-    entry_timeout_s: float = 1.0
-    negative_timeout_s: float = 0.0
+    # kernel caches (README "Mount options"; the defaults the suite's JuiceFS mount uses too)
+    attr_timeout_s: float = 1.0  # attributes (stat) of any inode
+    entry_timeout_s: float = 1.0  # a name -> inode lookup of a non-directory
+    dir_entry_timeout_s: float = 1.0  # a name -> inode lookup of a directory
+    negative_timeout_s: float = 0.0  # "no such entry" (0: not cached)
     max_readahead_kb: int = 16384
     writeback_cache: bool = False
     allow_other: bool = True
@@ -284,6 +286,7 @@ class FuseSection:
     def validate(self) -> None:
         _check(self.attr_timeout_s >= 0, "attr_timeout_s must be >= 0")
         _check(self.entry_timeout_s >= 0, "entry_timeout_s must be >= 0")
+        _check(self.dir_entry_timeout_s >= 0, "dir_entry_timeout_s must be >= 0")
         _check(self.negative_timeout_s >= 0, "negative_timeout_s must be >= 0")
         _check(self.max_readahead_kb >= 0, "max_readahead_kb must be >= 0")
         _check(1 <= self.max_background <= 65535, "max_background must be 1..65535")
