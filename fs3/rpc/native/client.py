@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import math
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +48,7 @@ from fs3.rpc.native.wire import (
     HALF_CLOSE,
     HAS_MESSAGE,
     MESSAGE,
+    PACK_HEADER,
     REPLY,
     FrameReceiver,
     ProtocolViolation,
@@ -110,13 +112,14 @@ class ClientConnection(FrameReceiver):
         self.channel = channel
         self.max_body = channel.max_message_bytes
         self.max_payload = channel.max_payload_bytes
-        self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self._next_rid = 1
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._streams: dict[int, _StreamState] = {}
         self._dests: dict[int, Into] = {}
+        # unary deadlines (loop time, method id, path), enforced by FrameReceiver's sweep
+        self._deadlines: dict[int, tuple[float, int, str]] = {}
         self._inflight = 0
         self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._write_paused = False
@@ -160,6 +163,7 @@ class ClientConnection(FrameReceiver):
     def _fail_all(self, err: FsError) -> None:
         self.closed = True
         self._broken = True
+        self.stop_deadlines()
         pending, self._pending = self._pending, {}
         for fut in pending.values():
             if not fut.done():
@@ -268,8 +272,7 @@ class ClientConnection(FrameReceiver):
             raise _unavailable(self.channel.address, "connection closed")
         self._inflight += 1
 
-    def _release_slot(self) -> None:
-        self._inflight -= 1
+    def _wake_slot_waiter(self) -> None:
         while self._slot_waiters:
             w = self._slot_waiters.popleft()
             if not w.done():
@@ -337,38 +340,61 @@ class ClientConnection(FrameReceiver):
         self._next_rid = rid + 1
         loop = self._loop
         fut: asyncio.Future[Any] = loop.create_future()
-        self._pending[rid] = fut
+        pending = self._pending
+        pending[rid] = fut
         if into is not None:
             self._dests[rid] = into
-        timer = None
         try:
             if self._write_paused:
                 await self.writable()
+            t = self.transport
+            if t is None or self.closed:
+                raise _unavailable(self.channel.address, "connection closed")
+            tmo = 0
             if timeout is not None:
-                timer = loop.call_later(timeout, self._expire, fut, mid, rid, path)
-                self.send(CALL, HAS_MESSAGE, mid, rid, max(1, int(timeout * 1000)), body, payload)
+                deadline = loop.time() + timeout
+                self._deadlines[rid] = (deadline, mid, path)
+                if deadline < self._sweep_at:
+                    self.arm_deadline(deadline)
+                tmo = max(1, int(timeout * 1000))
+            if payload is None or not len(payload):
+                self.write_one(
+                    t, PACK_HEADER(CALL, HAS_MESSAGE, 0, mid, rid, tmo, len(body), 0) + body
+                )
             else:
-                self.send(CALL, HAS_MESSAGE, mid, rid, 0, body, payload)
+                head = PACK_HEADER(CALL, HAS_MESSAGE, 0, mid, rid, tmo, len(body), len(payload))
+                self.write_frame(t, head + body, payload)
             return await fut  # type: ignore[no-any-return]
         except asyncio.CancelledError:
-            if self._pending.get(rid) is fut:
+            if pending.get(rid) is fut:
                 self.cancel(mid, rid)
             raise
         finally:
-            if timer is not None:
-                timer.cancel()
+            if timeout is not None:
+                self._deadlines.pop(rid, None)
             if into is not None:
                 self._dests.pop(rid, None)
-            self._pending.pop(rid, None)
-            self._release_slot()
+            pending.pop(rid, None)
+            self._inflight -= 1
+            if self._slot_waiters:
+                self._wake_slot_waiter()
 
-    def _expire(self, fut: asyncio.Future[Any], mid: int, rid: int, path: str) -> None:
-        if self._pending.get(rid) is fut:
-            self.cancel(mid, rid)
-            if not fut.done():
-                fut.set_exception(
-                    FsError(Code.TIMEOUT, f"{path}: deadline exceeded", retryable=True)
-                )
+    def expire_deadlines(self, now: float) -> float:
+        """Fail every call past its deadline with TIMEOUT (and CANCEL it on the server)."""
+        nxt = math.inf
+        for rid, (deadline, mid, path) in list(self._deadlines.items()):
+            if deadline > now:
+                nxt = min(nxt, deadline)
+                continue
+            del self._deadlines[rid]
+            fut = self._pending.get(rid)
+            if fut is not None:
+                self.cancel(mid, rid)
+                if not fut.done():
+                    fut.set_exception(
+                        FsError(Code.TIMEOUT, f"{path}: deadline exceeded", retryable=True)
+                    )
+        return nxt
 
     def open_stream(
         self, mid: int, body: bytes | None, timeout: float | None

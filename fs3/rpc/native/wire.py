@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import struct
 from typing import Any
 
@@ -44,6 +45,7 @@ HTTP2_PREFACE_START = b"PRI * HT"  # what a gRPC (HTTP/2) client sends first
 
 HEADER = struct.Struct("<BBHIQIII")
 HEADER_SIZE = HEADER.size
+PACK_HEADER = HEADER.pack
 
 CALL = 1  # client -> server: start a call (unary and server-streaming: with the request)
 MESSAGE = 2  # a stream message, either direction
@@ -115,6 +117,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
     expect_preface: bool = False
 
     def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._buf = bytearray(RECV_BUFFER_BYTES)
         self._view = memoryview(self._buf)
         self._start = 0
@@ -133,6 +136,9 @@ class FrameReceiver(asyncio.BufferedProtocol):
         self._parse_paused = False
         self._corked: list[Any] | None = None
         self._cork_transport: Any = None
+        # one timer per connection enforces the deadlines of all its calls
+        self._sweep: asyncio.TimerHandle | None = None
+        self._sweep_at = math.inf  # when it fires (inf: not armed)
 
     # -- sending ---------------------------------------------------------------
 
@@ -151,15 +157,59 @@ class FrameReceiver(asyncio.BufferedProtocol):
                 transport.writelines(bufs)
             self._corked = []
             self._cork_transport = transport
-            asyncio.get_running_loop().call_soon(self._uncork)
+            self._loop.call_soon(self._uncork)
         else:
             self._corked.extend(bufs)
+
+    def write_one(self, transport: Any, data: bytes) -> None:
+        """:meth:`write_frame` of a frame that is one bytes object (no payload)."""
+        corked = self._corked
+        if corked is None:
+            transport.write(data)
+            self._corked = []
+            self._cork_transport = transport
+            self._loop.call_soon(self._uncork)
+        else:
+            corked.append(data)
 
     def _uncork(self) -> None:
         out, self._corked = self._corked, None
         t, self._cork_transport = self._cork_transport, None
         if out and t is not None and not t.is_closing():
             t.writelines(out)
+
+    # -- deadlines -----------------------------------------------------------------
+
+    def arm_deadline(self, when: float) -> None:
+        """Have :meth:`expire_deadlines` run at loop time ``when``.
+
+        A call with a deadline checks ``deadline < self._sweep_at`` and only
+        then arms: calls with the same timeout come with later deadlines, so a
+        busy connection arms about once per timeout period, not once per call.
+        """
+        if self._sweep is not None:
+            self._sweep.cancel()
+        self._sweep_at = when
+        self._sweep = self._loop.call_at(when, self._run_sweep)
+
+    def stop_deadlines(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        self._sweep_at = math.inf
+
+    def _run_sweep(self) -> None:
+        self._sweep = None
+        self._sweep_at = math.inf
+        if self._broken:
+            return
+        nxt = self.expire_deadlines(self._loop.time())
+        if nxt < math.inf:
+            self.arm_deadline(nxt)
+
+    def expire_deadlines(self, now: float) -> float:
+        """End the calls whose deadline is ``<= now``; return the next deadline (inf: none)."""
+        return math.inf
 
     # -- what subclasses provide --------------------------------------------------
 
