@@ -96,16 +96,20 @@ class Handlers(mgmtd_pb2_grpc.MgmtdServiceServicer):
         return mgmtd_pb2.HeartbeatResponse(last_hb_version=n)
 
 
+async def _serve(transport: str) -> tuple[Handlers, Any, Any, Any]:
+    handlers = Handlers()
+    server = create_server(RpcSection())
+    add_servicer(server, mgmtd_pb2_grpc.add_MgmtdServiceServicer_to_server, handlers)
+    port = bind(server, "127.0.0.1", 0)
+    await server.start()
+    pool = _pool(transport)
+    return handlers, server, pool, mgmtd_pb2_grpc.MgmtdServiceStub(pool.get(f"127.0.0.1:{port}"))
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_inline_first_step_sees_a_task_and_its_own_context(transport: str) -> None:
     async def main() -> None:
-        handlers = Handlers()
-        server = create_server(RpcSection())
-        add_servicer(server, mgmtd_pb2_grpc.add_MgmtdServiceServicer_to_server, handlers)
-        port = bind(server, "127.0.0.1", 0)
-        await server.start()
-        pool = _pool(transport)
-        stub = mgmtd_pb2_grpc.MgmtdServiceStub(pool.get(f"127.0.0.1:{port}"))
+        handlers, server, pool, stub = await _serve(transport)
 
         async def hb(n: int, timeout: float = 10) -> int:  # noqa: ASYNC109
             r = await call(stub.Heartbeat, mgmtd_pb2.HeartbeatRequest(node_id=n), timeout=timeout)
@@ -147,13 +151,7 @@ def test_an_earlier_deadline_behind_a_later_one_is_kept(transport: str) -> None:
     after a long one must still end its call on time, on both sides."""
 
     async def main() -> None:
-        handlers = Handlers()
-        server = create_server(RpcSection())
-        add_servicer(server, mgmtd_pb2_grpc.add_MgmtdServiceServicer_to_server, handlers)
-        port = bind(server, "127.0.0.1", 0)
-        await server.start()
-        pool = _pool(transport)
-        stub = mgmtd_pb2_grpc.MgmtdServiceStub(pool.get(f"127.0.0.1:{port}"))
+        handlers, server, pool, stub = await _serve(transport)
         req = mgmtd_pb2.HeartbeatRequest(node_id=10)
         try:
             long = asyncio.create_task(call(stub.Heartbeat, req, timeout=60))
