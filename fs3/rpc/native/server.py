@@ -477,40 +477,44 @@ class ServerConnection(FrameReceiver):
         if request is None and not method.client_streaming:
             raise ProtocolViolation(f"CALL of {method.path} without its request message")
         size = len(body) if payload is None else len(body) + wire.payload_len(payload)
-        deadline = None
-        if timeout_ms:
-            deadline = self._loop.time() + timeout_ms / 1000.0
-            if deadline < self._sweep_at:
-                self.arm_deadline(deadline)
+        deadline = self._loop.time() + timeout_ms / 1000.0 if timeout_ms else None
         call = _Call(method, size, deadline)
-        calls = self._calls
-        calls[rid] = call
-        self._inflight_bytes += size
-        lim = self._lim
-        if len(calls) >= lim.max_inflight_calls or self._inflight_bytes >= lim.max_inflight_bytes:
-            self._update_reading()
         ctx = NativeContext(payload, deadline, self.peer)
+        if not method.client_streaming and not method.server_streaming:
+            self._start_unary(rid, call, handler(request, ctx), ctx)
+            return
+        self._register(rid, call)
         if method.client_streaming:
             call.queue = asyncio.Queue()
             if request is not None:
                 call.queue.put_nowait((request, 0))
             coro: Any = self._run_stream(rid, call, handler(_RequestStream(self, rid, call), ctx))
-        elif method.server_streaming:
-            coro = self._run_stream(rid, call, handler(request, ctx))
         else:
-            self._start_unary(rid, call, handler(request, ctx), ctx)
-            return
+            coro = self._run_stream(rid, call, handler(request, ctx))
         call.task = self._loop.create_task(coro)
+
+    def _register(self, rid: int, call: _Call) -> None:
+        """A call that outlives its frame callback: it counts against the limits
+        (flow control), CANCEL frames and the deadline sweep find it."""
+        calls = self._calls
+        calls[rid] = call
+        self._inflight_bytes += call.nbytes
+        lim = self._lim
+        if len(calls) >= lim.max_inflight_calls or self._inflight_bytes >= lim.max_inflight_bytes:
+            self._update_reading()
+        d = call.deadline
+        if d is not None and d < self._sweep_at:
+            self.arm_deadline(d)
 
     def _start_unary(self, rid: int, call: _Call, hc: Any, ctx: NativeContext) -> None:
         """Run the handler's first step inline; answer at once if that finishes it.
 
         Most handlers (point reads, cached answers) finish without suspending:
         they are answered from the frame callback, without a task and a loop
-        turn (what Python 3.12's eager tasks do). A handler that suspends is
-        continued by a task: the step it stopped at is handed over, nothing
-        runs twice. The first step runs in the context the task then keeps, as
-        a task's would.
+        turn (what Python 3.12's eager tasks do), and never count as in flight.
+        A handler that suspends is registered and continued by a task: the
+        step it stopped at is handed over, nothing runs twice. The first step
+        runs in the context the task then keeps, as a task's would.
         """
         method = call.method
         loop = self._loop
@@ -518,12 +522,14 @@ class ServerConnection(FrameReceiver):
         try:
             _enter_task(loop, call)
         except RuntimeError:  # called from inside a task (not from the protocol callback)
+            self._register(rid, call)
             call.task = loop.create_task(self._run_unary(rid, call, hc, ctx), context=cv)
             return
         try:
             step = cv.run(hc.send, None)
         except StopIteration as stop:
             if self._write_paused:
+                self._register(rid, call)
                 coro = self._run_unary(rid, call, _done(stop.value), ctx)
                 call.task = loop.create_task(coro, context=cv)
                 return
@@ -531,14 +537,13 @@ class ServerConnection(FrameReceiver):
                 self._reply(rid, method, stop.value, ctx)
             except Exception as exc:
                 self._send(ERROR, method.id, rid, _error_detail(exc, method.path))
-            self._end_call(rid, call)
             return
         except Exception as exc:
             self._send(ERROR, method.id, rid, _error_detail(exc, method.path))
-            self._end_call(rid, call)
             return
         finally:
             _leave_task(loop, call)
+        self._register(rid, call)
         cancel = call._cancels > 0  # the first step cancelled its own (stand-in) task
         coro = self._run_unary(rid, call, _resume(hc, step, cancel), ctx)
         call.task = loop.create_task(coro, context=cv)
