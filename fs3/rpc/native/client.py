@@ -33,7 +33,7 @@ import collections
 import contextlib
 import math
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fs3.errors import Code, FsError
@@ -325,7 +325,10 @@ class ClientConnection(FrameReceiver):
         timeout: float | None,  # noqa: ASYNC109 - travels to the server as the deadline
         payload: Any = None,
         into: Into | None = None,
-    ) -> tuple[bytes | memoryview, wire.Payload | None]:
+        deser: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        """One unary call: ``(body, payload)`` of the answer, or with ``deser``
+        the stub's result (the message; with ``into`` or a payload a tuple)."""
         if len(body) > self.max_body or (payload is not None and len(payload) > self.max_payload):
             # the server would close the connection (and every call on it) for this frame
             raise FsError(
@@ -365,7 +368,15 @@ class ClientConnection(FrameReceiver):
             else:
                 head = PACK_HEADER(CALL, HAS_MESSAGE, 0, mid, rid, tmo, len(body), len(payload))
                 self.write_frame(t, head + body, payload)
-            return await fut  # type: ignore[no-any-return]
+            body_in, pl = await fut
+            if deser is None:
+                return body_in, pl
+            resp = deser(body_in)
+            if into is not None:
+                return resp, wire.payload_len(pl)
+            if pl is not None:
+                return resp, pl
+            return resp
         except asyncio.CancelledError:
             if pending.get(rid) is fut:
                 self.cancel(mid, rid)
@@ -547,7 +558,7 @@ class UnaryUnary:
         self._deser = deser
         self._method = path.encode()  # what fs3.rpc.channel names failures by
 
-    async def __call__(
+    def __call__(
         self,
         request: Any,
         *,
@@ -555,20 +566,24 @@ class UnaryUnary:
         payload: Any = None,
         into: Into | None = None,
         **_: Any,
-    ) -> Any:
-        ch = self._channel
-        conn = ch._conn
+    ) -> Awaitable[Any]:
+        # not a coroutine itself: on a live connection the call is that
+        # connection's coroutine (one frame less per call)
+        conn = self._channel._conn
+        body = request.SerializeToString()
         if conn is None or conn.closed:
-            conn = await ch.connection(timeout)
-        body, pl = await conn.unary(
-            self._mid, self._path, request.SerializeToString(), timeout, payload, into
-        )
-        resp = self._deser(body)
-        if into is not None:
-            return resp, wire.payload_len(pl)
-        if pl is not None:
-            return resp, pl
-        return resp
+            return self._connect_and_call(body, timeout, payload, into)
+        return conn.unary(self._mid, self._path, body, timeout, payload, into, self._deser)
+
+    async def _connect_and_call(
+        self,
+        body: bytes,
+        timeout: float | None,  # noqa: ASYNC109
+        payload: Any,
+        into: Into | None,
+    ) -> Any:
+        conn = await self._channel.connection(timeout)
+        return await conn.unary(self._mid, self._path, body, timeout, payload, into, self._deser)
 
 
 class StreamFactory:
