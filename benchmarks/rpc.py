@@ -316,6 +316,130 @@ def spawn(args: list[str], **kw: Any) -> subprocess.Popen[Any]:
     )
 
 
+# ----------------------------------------------------------------- in-process paths
+
+
+class _PathTransport:
+    """A transport without a socket: what the protocol writes is counted (server)
+    or answered from a loop callback (client), so only Python-side work is timed."""
+
+    def __init__(self, answer: Any = None) -> None:
+        self.answer = answer
+        self.written: asyncio.Future[None] | None = None
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def write(self, data: bytes) -> None:
+        if self.written is not None and not self.written.done():
+            self.written.set_result(None)
+        if self.answer is not None and len(data) >= 28:
+            self.answer(data)
+
+    def writelines(self, bufs: Any) -> None:
+        self.write(b"".join(bufs))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _feed(proto: Any, data: bytes) -> None:
+    view = proto.get_buffer(len(data))
+    view[: len(data)] = data
+    proto.buffer_updated(len(data))
+
+
+async def path_costs(n: int) -> tuple[float, float]:
+    """CPU µs per call of the native server's and client's Python paths, no sockets.
+
+    Server: a CALL frame of meta GetAttr fed from a loop callback, answered by a
+    handler that returns a fixed message. Client: a stub GetAttr whose CALL is
+    answered with a REPLY frame from a loop callback. Median of 5 rounds each;
+    the loop's own cost of one callback and one wake-up per call is included.
+    """
+    from fs3.rpc.native import wire
+    from fs3.rpc.native.client import ClientConnection, NativeChannel
+    from fs3.rpc.native.methods import BY_PATH
+    from fs3.rpc.native.server import NativeServer, ServerConnection
+    from fs3.rpc.server import guard_servicer
+
+    loop = asyncio.get_running_loop()
+    resp = meta_pb2.AttrResponse()
+    resp.attr.inode = 1
+    reply_body = resp.SerializeToString()
+    req = meta_pb2.GetAttrRequest(user=common_pb2.UserInfo(uid=0, gid=0), inode=1)
+    mid = BY_PATH["/fs3.v1.MetaService/GetAttr"].id
+
+    class Fixed(meta_pb2_grpc.MetaServiceServicer):
+        async def GetAttr(self, request: Any, context: Any) -> Any:
+            return resp
+
+    server = NativeServer()
+    server.add_servicer("fs3.v1.MetaService", guard_servicer(Fixed()))
+    sconn = ServerConnection(server)
+    st = _PathTransport()
+    sconn.connection_made(st)
+    _feed(sconn, wire.PREFACE)
+    body = req.SerializeToString()
+
+    def rounds(fn: Any) -> Any:
+        async def run_rounds() -> float:
+            res = []
+            for _ in range(5):
+                c0 = time.process_time()
+                await fn()
+                res.append((time.process_time() - c0) / n * 1e6)
+            return sorted(res)[2]
+
+        return run_rounds()
+
+    rid = [0]
+
+    async def server_round() -> None:
+        for _ in range(n):
+            rid[0] += 1
+            st.written = loop.create_future()
+            loop.call_soon(
+                _feed, sconn, wire.pack(wire.CALL, wire.HAS_MESSAGE, mid, rid[0], 10000, body)
+            )
+            await st.written
+
+    server_us = await rounds(server_round)
+
+    channel = NativeChannel("127.0.0.1:1")
+    cconn = ClientConnection(channel)
+
+    def answer(data: bytes) -> None:
+        kind, _f, _r, m, r, _t, _b, _p = wire.HEADER.unpack_from(data)
+        if kind == wire.CALL:
+            loop.call_soon(
+                _feed, cconn, wire.pack(wire.REPLY, wire.HAS_MESSAGE, m, r, 0, reply_body)
+            )
+
+    cconn.connection_made(_PathTransport(answer))
+    channel._conn = cconn
+    stub = meta_pb2_grpc.MetaServiceStub(channel)
+
+    async def client_round() -> None:
+        for _ in range(n):
+            await stub.GetAttr(req, timeout=10)
+
+    client_us = await rounds(client_round)
+    return server_us, client_us
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=3000, help="sequential calls per transport")
@@ -326,7 +450,21 @@ def main() -> int:
     ap.add_argument("--serve-plain", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--plain-uds", help=argparse.SUPPRESS)
     ap.add_argument("--serve-floor", type=int, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--paths",
+        type=int,
+        metavar="N",
+        help="only the in-process per-call cost of the server and client paths (N calls x 5)",
+    )
     args = ap.parse_args()
+    if args.paths:
+        server_us, client_us = run(path_costs(args.paths))
+        print(
+            f"native paths (commit {_commit()}, in process, no sockets, load "
+            f"{os.getloadavg()[0]:.1f}): server {server_us:.2f} µs/call, "
+            f"client {client_us:.2f} µs/call"
+        )
+        return 0
     if args.serve_bulk:
         serve_bulk(args.serve_bulk)
         return 0
