@@ -149,32 +149,9 @@ def _recv_exact(conn: socket.socket, dest: memoryview) -> int:
 FLOOR_HDR = struct.Struct("<IQ")
 
 
-def serve_floor(port: int) -> None:
-    """The floor: a length-prefixed echo on a bare uvloop Protocol (tools/floors/rpcbench.py)."""
+class _FloorProtocol(asyncio.Protocol):
+    """Length-prefixed frames ``<u32 len><u64 id><body>`` on a bare Protocol (tools/floors/rpcbench.py)."""
 
-    class Echo(asyncio.Protocol):
-        def connection_made(self, transport: Any) -> None:
-            self.t = transport
-            self.buf = bytearray()
-
-        def data_received(self, data: bytes) -> None:
-            self.buf += data
-            while len(self.buf) >= 12:
-                n, rid = FLOOR_HDR.unpack_from(self.buf)
-                if len(self.buf) < 12 + n:
-                    break
-                body = bytes(self.buf[12 : 12 + n])
-                del self.buf[: 12 + n]
-                self.t.write(FLOOR_HDR.pack(len(body), rid) + body)
-
-    async def main() -> None:
-        await asyncio.get_running_loop().create_server(Echo, "127.0.0.1", port)
-        await asyncio.Event().wait()
-
-    run(main())
-
-
-class _FloorClient(asyncio.Protocol):
     def __init__(self) -> None:
         self.buf = bytearray()
         self.waiters: dict[int, asyncio.Future[bytes]] = {}
@@ -190,13 +167,31 @@ class _FloorClient(asyncio.Protocol):
                 break
             body = bytes(self.buf[12 : 12 + n])
             del self.buf[: 12 + n]
-            self.waiters.pop(rid).set_result(body)
+            self.frame(rid, body)
+
+    def frame(self, rid: int, body: bytes) -> None:  # the client side: an answer
+        self.waiters.pop(rid).set_result(body)
+
+
+class _FloorEcho(_FloorProtocol):
+    def frame(self, rid: int, body: bytes) -> None:
+        self.t.write(FLOOR_HDR.pack(len(body), rid) + body)
+
+
+def serve_floor(port: int) -> None:
+    """The floor: a length-prefixed echo on a bare uvloop Protocol (tools/floors/rpcbench.py)."""
+
+    async def main() -> None:
+        await asyncio.get_running_loop().create_server(_FloorEcho, "127.0.0.1", port)
+        await asyncio.Event().wait()
+
+    run(main())
 
 
 class FloorStub:
     """Sequential 200-byte echo calls, shaped like a stub method for :func:`seq_calls`."""
 
-    def __init__(self, proto: _FloorClient) -> None:
+    def __init__(self, proto: _FloorProtocol) -> None:
         self.p = proto
         self.i = 0
         self.payload = b"x" * 200
@@ -525,7 +520,7 @@ def main() -> int:
                 }
                 await pool.close()
             t, proto = await asyncio.get_running_loop().create_connection(
-                _FloorClient, "127.0.0.1", floor_port
+                _FloorProtocol, "127.0.0.1", floor_port
             )
             cps, cpu, scpu = await seq_calls(FloorStub(proto), args.calls, floor_pid)
             rows["floor-echo"] = {"seq": cps, "cpu": cpu, "scpu": scpu}
