@@ -76,6 +76,7 @@ ROOT_INODE = 1
 MAX_SYMLINK_FOLLOW = 40
 NAME_MAX = 255
 LOOKUP_PATH_MAX = 64  # names per LookupPath RPC (meta's limit)
+CLOSE_SESSIONS_MAX = 1024  # sessions per CloseSessions RPC (meta's limit)
 
 # SetAttr valid bits (meta.proto SetAttrField), re-exported for callers.
 SETATTR_MODE = meta_pb2.SETATTR_MODE
@@ -302,6 +303,11 @@ class AsyncClient:
         self._handles: dict[int, FileHandle] = {}
         self._reporter: asyncio.Task[None] | None = None
         self._closed = False
+        # Sessions of handles closed with nothing to report, not yet ended at meta
+        # (see release): caller -> [(inode, session id)], and the task ending them.
+        self._quiet_closes: dict[tuple[int, int, tuple[int, ...]], list[tuple[int, str]]] = {}
+        self._quiet_callers: dict[tuple[int, int, tuple[int, ...]], Caller] = {}
+        self._closer: asyncio.Task[None] | None = None
 
     # ================================================================== lifecycle
 
@@ -382,6 +388,7 @@ class AsyncClient:
         for h in list(self._handles.values()):
             with contextlib.suppress(FsError):
                 await self.release(h)
+        await self.flush_closes()
         if self._reporter is not None:
             self._reporter.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -1077,6 +1084,13 @@ class AsyncClient:
     async def release(self, fh: FileHandle) -> None:
         """Close the handle: a writer's final length goes to meta with the session close.
 
+        A handle with nothing to report (it wrote nothing: no length, no mtime)
+        costs no round trip: its session joins a batch that one ``CloseSessions``
+        request (one KV transaction) ends in the background, right away if none
+        is in flight, else as soon as the one in flight returned. Until then the
+        file only looks open to meta a little longer (an unlink keeps it as an
+        orphan for those milliseconds). :meth:`flush_closes` waits for the batch.
+
         A write-behind failure is raised after the session is closed.
         """
         if fh.closed:
@@ -1089,7 +1103,10 @@ class AsyncClient:
             except FsError as e:
                 err = e
             if fh.session_id:
-                await self._close_session(fh, with_hint=True)
+                if err is None and self._quiet(fh) and not self._closed:
+                    self._defer_close(fh)
+                else:
+                    await self._close_session(fh, with_hint=True)
         finally:
             fh.closed = True
             self._handles.pop(fh.fh, None)
@@ -1387,6 +1404,51 @@ class AsyncClient:
             self._hint(fh, req)
         await self.meta.call("Close", req)
         fh.dirty = False
+
+    def _quiet(self, fh: FileHandle) -> bool:
+        """True if closing ``fh`` has nothing to tell meta but the end of its session."""
+        if fh.pending or fh.error is not None:
+            return False
+        probe = meta_pb2.CloseRequest()
+        self._hint(fh, probe)
+        return not probe.has_length_hint and not probe.HasField("mtime")
+
+    def _defer_close(self, fh: FileHandle) -> None:
+        c = fh.caller
+        key = (c.uid, c.gid, tuple(c.groups))
+        self._quiet_callers[key] = c
+        self._quiet_closes.setdefault(key, []).append((fh.inode, fh.session_id))
+        if self._closer is None or self._closer.done():
+            self._closer = asyncio.create_task(self._end_quiet_sessions(), name="fs3-closer")
+
+    async def _end_quiet_sessions(self) -> None:
+        """End the queued sessions, a ``CloseSessions`` request per caller and batch."""
+        while self._quiet_closes:
+            key, refs = next(iter(self._quiet_closes.items()))
+            batch, rest = refs[:CLOSE_SESSIONS_MAX], refs[CLOSE_SESSIONS_MAX:]
+            if rest:
+                self._quiet_closes[key] = rest
+            else:
+                del self._quiet_closes[key]
+            caller = self._quiet_callers[key]
+            req = meta_pb2.CloseSessionsRequest(
+                user=caller.to_proto(),
+                sessions=[meta_pb2.SessionRef(inode=i, session_id=s) for i, s in batch],
+            )
+            try:
+                await self.meta.call("CloseSessions", req)
+            except FsError as e:
+                # Like a client that died with files open: meta keeps the sessions
+                # until PruneSessions of this client id.
+                log.warning("ending %d sessions at meta failed: %s", len(batch), e)
+
+    async def flush_closes(self) -> None:
+        """Wait until every session of a quietly closed handle was ended at meta."""
+        while self._closer is not None and not self._closer.done():
+            await asyncio.shield(self._closer)
+        if self._quiet_closes:  # queued while nothing ran (e.g. after a failure)
+            self._closer = asyncio.create_task(self._end_quiet_sessions(), name="fs3-closer")
+            await self._closer
 
     async def _report_loop(self) -> None:
         """Report lengths of long writers every ``length_report_interval_s``."""

@@ -257,6 +257,28 @@ class CloseRequest(_message.Message):
     mtime: _common_pb2.Timespec
     def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., request_id: _Optional[str] = ..., inode: _Optional[int] = ..., session_id: _Optional[str] = ..., has_length_hint: _Optional[bool] = ..., length_hint: _Optional[int] = ..., truncate_version: _Optional[int] = ..., mtime: _Optional[_Union[_common_pb2.Timespec, _Mapping]] = ...) -> None: ...
 
+class SessionRef(_message.Message):
+    __slots__ = ("inode", "session_id")
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    inode: int
+    session_id: str
+    def __init__(self, inode: _Optional[int] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class CloseSessionsRequest(_message.Message):
+    __slots__ = ("user", "sessions")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    user: _common_pb2.UserInfo
+    sessions: _containers.RepeatedCompositeFieldContainer[SessionRef]
+    def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[SessionRef, _Mapping]]] = ...) -> None: ...
+
+class CloseSessionsResponse(_message.Message):
+    __slots__ = ("closed",)
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    closed: int
+    def __init__(self, closed: _Optional[int] = ...) -> None: ...
+
 class SyncRequest(_message.Message):
     __slots__ = ("user", "request_id", "inode", "session_id", "has_length_hint", "length_hint", "truncate_version", "mtime")
     USER_FIELD_NUMBER: _ClassVar[int]

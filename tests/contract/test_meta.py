@@ -1230,6 +1230,42 @@ def test_close_without_report_keeps_inode_record(fs: Fs, db: Database) -> None:
     assert err(fs.getattr, o.attr.inode) == errno.ENOENT
 
 
+def test_close_sessions_ends_many_in_one_call_and_is_idempotent(fs: Fs, db: Database) -> None:
+    """CloseSessions: sessions go, inode records stay, an orphan's last session releases it,
+    sessions already gone are skipped, bad requests change nothing."""
+    from fs3.meta import schema as S
+
+    a = fs.create(1, "a")
+    b = fs.create(1, "b")
+    o = fs.create(1, "o")
+    held = fs.op.open(F.OpenRequest(user=ROOT, request_id=rid(), inode=a.attr.inode, flags=RW))
+    fs.unlink(1, "o")
+    rec_a = db.run(lambda tr: tr.get(S.inode_key(a.attr.inode)))
+    refs = [F.SessionRef(inode=r.attr.inode, session_id=r.session_id) for r in (a, b, o)]
+
+    # bad input first: nothing may change
+    too_many = [refs[0]] * 1025
+    assert err(fs.op.close_sessions, F.CloseSessionsRequest(user=ROOT, sessions=too_many)) == (
+        errno.EINVAL
+    )
+    bad = [*refs, F.SessionRef(inode=0, session_id="x")]
+    assert err(fs.op.close_sessions, F.CloseSessionsRequest(user=ROOT, sessions=bad)) == (
+        errno.EINVAL
+    )
+    assert fs.getattr(o.attr.inode).nlink == 0  # still held by its session
+
+    r = fs.op.close_sessions(F.CloseSessionsRequest(user=ROOT, sessions=refs))
+    assert r.closed == 3
+    assert db.run(lambda tr: tr.get(S.inode_key(a.attr.inode))) == rec_a  # untouched
+    assert err(fs.getattr, o.attr.inode) == errno.ENOENT  # the orphan went to GC
+    assert [e.inode for e in fs.op.list_gc(F.ListGcRequest(user=ROOT)).entries] == [o.attr.inode]
+    assert err(fs.close, a.attr.inode, a.session_id) == errno.EBADF  # really gone
+    # a retry (lost reply) finds nothing left to do
+    assert fs.op.close_sessions(F.CloseSessionsRequest(user=ROOT, sessions=refs)).closed == 0
+    # the other open session of "a" is untouched
+    fs.close(a.attr.inode, held.session_id)
+
+
 @pytest.mark.parametrize("step", [1, 3, 50])
 def test_readdir_attrs_dense_and_sparse_inodes(fs: Fs, step: int) -> None:
     """Attributes in ReadDir equal GetAttr's whether inodes are dense (range read) or not."""

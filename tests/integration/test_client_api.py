@@ -820,3 +820,45 @@ def test_write_by_non_root_clears_setid_bits_on_any_path(
     with client.open("/setid/prog", "ab") as f:
         f.write(b"echo\n")  # root keeps them (CAP_FSETID)
     assert stat.S_IMODE(client.stat("/setid/prog").st_mode) == 0o6777
+
+
+def test_closing_a_handle_that_wrote_nothing_costs_no_round_trip(client: Any) -> None:
+    """Create + close of an unwritten file: one Create RPC, and the session is ended later
+    by a batched CloseSessions; a handle that wrote still closes with its own Close."""
+    from fs3.client.core import ROOT
+
+    core = client.core
+    calls: list[str] = []
+    real_call = core.meta.call
+
+    async def spy(method: str, req: Any, **kw: Any) -> Any:
+        calls.append(method)
+        return await real_call(method, req, **kw)
+
+    core.meta.call = spy
+    try:
+        client.bridge.run(core.flush_closes())
+        with client.open("/quiet-1", "xb"):
+            pass
+        # no lookup before it, no Close after it (the session ends in the background)
+        assert calls in (["Create"], ["Create", "CloseSessions"])
+        for i in range(2, 6):
+            client.open(f"/quiet-{i}", "wb").close()
+        client.bridge.run(core.flush_closes())
+        assert "Close" not in calls and 1 <= calls.count("CloseSessions") <= 5
+        ino = client.stat("/quiet-1").st_ino
+        client.unlink("/quiet-1")  # no session left: removed at once, not kept as an orphan
+        with pytest.raises(FsError) as ei:
+            client.bridge.run(core.getattr(ROOT, ino))
+        assert ei.value.errno == errno.ENOENT
+        calls.clear()
+        with client.open("/loud", "wb") as f:
+            f.write(b"data")
+        assert calls[-1] == "Close"  # the length goes with the session close
+        assert client.stat("/loud").st_size == 4
+    finally:
+        core.meta.call = real_call
+        client.bridge.run(core.flush_closes())
+        for name in [f"/quiet-{i}" for i in range(2, 6)] + ["/loud"]:
+            if client.lexists(name):
+                client.unlink(name)

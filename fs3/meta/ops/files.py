@@ -239,6 +239,39 @@ def close(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.CloseRequest) -> meta_pb2.AttrR
     return meta_pb2.AttrResponse(attr=S.public_attr(node.attr))
 
 
+CLOSE_SESSIONS_MAX = 1024
+
+
+def close_sessions(
+    ctx: OpCtx, tx: MetaTxn, req: meta_pb2.CloseSessionsRequest
+) -> meta_pb2.CloseSessionsResponse:
+    """End sessions that report nothing, all in one transaction.
+
+    Only the session records go (and an orphan whose last session this was):
+    with no length or mtime to apply the inode records stay as they are. A
+    session already gone is skipped, so the request is idempotent without an
+    idempotency record.
+    """
+    if len(req.sessions) > CLOSE_SESSIONS_MAX:
+        raise invalid(f"at most {CLOSE_SESSIONS_MAX} sessions per CloseSessions")
+    for s in req.sessions:
+        if s.inode == 0 or not s.session_id:
+            raise invalid("every session needs an inode and a session_id")
+        if len(s.session_id) > S.REQUEST_ID_MAX:
+            raise invalid(f"session_id longer than {S.REQUEST_ID_MAX} characters")
+    closed = 0
+    for s in req.sessions:
+        if tx.get_session(s.inode, s.session_id) is None:
+            continue
+        tx.clear_session(s.inode, s.session_id)
+        closed += 1
+        node = tx.load(s.inode)
+        if node is not None and node.attr.nlink == 0 and not tx.has_sessions(node.ino):
+            release(tx, ctx, node)
+    ctx.changed = closed > 0
+    return meta_pb2.CloseSessionsResponse(closed=closed)
+
+
 def sync(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.SyncRequest) -> meta_pb2.AttrResponse:
     if req.inode == 0:
         raise posix(errno.EINVAL, "inode is required")
