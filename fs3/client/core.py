@@ -77,6 +77,7 @@ MAX_SYMLINK_FOLLOW = 40
 NAME_MAX = 255
 LOOKUP_PATH_MAX = 64  # names per LookupPath RPC (meta's limit)
 CLOSE_SESSIONS_MAX = 1024  # sessions per CloseSessions RPC (meta's limit)
+QUIET_CLOSE_DELAY_S = 0.02  # how long a quietly closed session waits for a request to ride on
 
 # SetAttr valid bits (meta.proto SetAttrField), re-exported for callers.
 SETATTR_MODE = meta_pb2.SETATTR_MODE
@@ -792,35 +793,52 @@ class AsyncClient:
         ``mode``: permission bits after umask. ``flags``: open flags (O_CREAT
         implied; O_EXCL → EEXIST if it exists; O_TRUNC truncates an existing one).
         """
-        r = await self.meta.call(
-            "Create",
-            meta_pb2.CreateRequest(
-                user=caller.to_proto(),
-                request_id=new_request_id(),
-                parent=parent,
-                name=_name(name),
-                mode=mode,
-                flags=flags,
-                client_id=self.client_id,
-            ),
+        req = meta_pb2.CreateRequest(
+            user=caller.to_proto(),
+            request_id=new_request_id(),
+            parent=parent,
+            name=_name(name),
+            mode=mode,
+            flags=flags,
+            client_id=self.client_id,
         )
+        r = await self._with_quiet_closes("Create", req, caller)
         self._parent_changed(r)
         h = await self._opened(caller, r, flags)
         return h, self._overlay(r.attr)
 
     async def open(self, caller: Caller, inode: int, flags: int) -> FileHandle:
         """Open ``inode`` with ``flags`` (O_ACCMODE, O_TRUNC, O_APPEND ...)."""
-        r = await self.meta.call(
-            "Open",
-            meta_pb2.OpenRequest(
-                user=caller.to_proto(),
-                request_id=new_request_id(),
-                inode=inode,
-                flags=flags,
-                client_id=self.client_id,
-            ),
+        req = meta_pb2.OpenRequest(
+            user=caller.to_proto(),
+            request_id=new_request_id(),
+            inode=inode,
+            flags=flags,
+            client_id=self.client_id,
         )
+        r = await self._with_quiet_closes("Open", req, caller)
         return await self._opened(caller, r, flags)
+
+    async def _with_quiet_closes(self, method: str, req: Any, caller: Caller) -> Any:
+        """Call ``method`` with the caller's quietly closed sessions riding along.
+
+        Meta ends them in the request's own transaction; if the request fails
+        they go back to the queue (ending a session twice is harmless).
+        """
+        key = _caller_key(caller)
+        refs = self._quiet_closes.pop(key, [])
+        if len(refs) > CLOSE_SESSIONS_MAX:
+            self._quiet_closes[key] = refs[CLOSE_SESSIONS_MAX:]
+            refs = refs[:CLOSE_SESSIONS_MAX]
+        for ino, sid in refs:
+            req.close_sessions.add(inode=ino, session_id=sid)
+        try:
+            return await self.meta.call(method, req)
+        except BaseException:
+            if refs:
+                self._quiet_closes[key] = refs + self._quiet_closes.get(key, [])
+                self._start_closer()
+            raise
 
     async def _opened(self, caller: Caller, r: meta_pb2.OpenResponse, flags: int) -> FileHandle:
         attr = r.attr
@@ -1085,11 +1103,12 @@ class AsyncClient:
         """Close the handle: a writer's final length goes to meta with the session close.
 
         A handle with nothing to report (it wrote nothing: no length, no mtime)
-        costs no round trip: its session joins a batch that one ``CloseSessions``
-        request (one KV transaction) ends in the background, right away if none
-        is in flight, else as soon as the one in flight returned. Until then the
-        file only looks open to meta a little longer (an unlink keeps it as an
-        orphan for those milliseconds). :meth:`flush_closes` waits for the batch.
+        costs no round trip: its session is queued and ends in the transaction
+        of this caller's next Create/Open, or, if none comes within
+        :data:`QUIET_CLOSE_DELAY_S`, in one ``CloseSessions`` request (one KV
+        transaction) for the whole queue. Until then the file only looks open to
+        meta a little longer (an unlink keeps it as an orphan for those
+        milliseconds). :meth:`flush_closes` waits until the queue is empty.
 
         A write-behind failure is raised after the session is closed.
         """
@@ -1414,15 +1433,23 @@ class AsyncClient:
         return not probe.has_length_hint and not probe.HasField("mtime")
 
     def _defer_close(self, fh: FileHandle) -> None:
-        c = fh.caller
-        key = (c.uid, c.gid, tuple(c.groups))
-        self._quiet_callers[key] = c
+        key = _caller_key(fh.caller)
+        self._quiet_callers[key] = fh.caller
         self._quiet_closes.setdefault(key, []).append((fh.inode, fh.session_id))
+        self._start_closer()
+
+    def _start_closer(self) -> None:
         if self._closer is None or self._closer.done():
             self._closer = asyncio.create_task(self._end_quiet_sessions(), name="fs3-closer")
 
     async def _end_quiet_sessions(self) -> None:
-        """End the queued sessions, a ``CloseSessions`` request per caller and batch."""
+        """End the queued sessions, a ``CloseSessions`` request per caller and batch.
+
+        Waits :data:`QUIET_CLOSE_DELAY_S` first: a client opening or creating
+        files one after another takes them along with its next request instead.
+        """
+        if not self._closed:
+            await asyncio.sleep(QUIET_CLOSE_DELAY_S)
         while self._quiet_closes:
             key, refs = next(iter(self._quiet_closes.items()))
             batch, rest = refs[:CLOSE_SESSIONS_MAX], refs[CLOSE_SESSIONS_MAX:]
@@ -1447,7 +1474,8 @@ class AsyncClient:
         while self._closer is not None and not self._closer.done():
             await asyncio.shield(self._closer)
         if self._quiet_closes:  # queued while nothing ran (e.g. after a failure)
-            self._closer = asyncio.create_task(self._end_quiet_sessions(), name="fs3-closer")
+            self._start_closer()
+            assert self._closer is not None
             await self._closer
 
     async def _report_loop(self) -> None:
@@ -1462,6 +1490,10 @@ class AsyncClient:
                         await self._report(h)
                     except FsError as e:
                         log.warning("periodic length report of inode %d failed: %s", h.inode, e)
+
+
+def _caller_key(c: Caller) -> tuple[int, int, tuple[int, ...]]:
+    return (c.uid, c.gid, tuple(c.groups))
 
 
 def _consume(t: asyncio.Task[Any]) -> None:

@@ -1266,6 +1266,39 @@ def test_close_sessions_ends_many_in_one_call_and_is_idempotent(fs: Fs, db: Data
     fs.close(a.attr.inode, held.session_id)
 
 
+def test_create_and_open_end_piggybacked_sessions_in_their_transaction(fs: Fs) -> None:
+    """Sessions riding on Create/Open end with it; a failing Create ends none of them."""
+    a = fs.create(1, "a")
+    b = fs.create(1, "b")
+    fs.unlink(1, "b")  # an orphan, held by its session
+    ref_a = F.SessionRef(inode=a.attr.inode, session_id=a.session_id)
+    ref_b = F.SessionRef(inode=b.attr.inode, session_id=b.session_id)
+    # O_EXCL on an existing name fails: nothing may change, the sessions stay
+    assert err(fs.create, 1, "a", flags=RW | os.O_EXCL, close_sessions=[ref_a, ref_b]) == (
+        errno.EEXIST
+    )
+    assert fs.getattr(b.attr.inode).nlink == 0
+    assert err(fs.create, 1, "c", close_sessions=[F.SessionRef(inode=0, session_id="x")]) == (
+        errno.EINVAL
+    )
+    assert err(fs.lookup, 1, "c") == errno.ENOENT
+    c = fs.create(1, "c", close_sessions=[ref_a, ref_b])
+    assert c.created
+    assert err(fs.getattr, b.attr.inode) == errno.ENOENT  # the orphan's last session went
+    assert err(fs.close, a.attr.inode, a.session_id) == errno.EBADF
+    o = fs.op.open(
+        F.OpenRequest(
+            user=ROOT,
+            request_id=rid(),
+            inode=a.attr.inode,
+            flags=os.O_RDONLY,
+            close_sessions=[F.SessionRef(inode=c.attr.inode, session_id=c.session_id)],
+        )
+    )
+    assert err(fs.close, c.attr.inode, c.session_id) == errno.EBADF
+    fs.close(a.attr.inode, o.session_id)
+
+
 @pytest.mark.parametrize("step", [1, 3, 50])
 def test_readdir_attrs_dense_and_sparse_inodes(fs: Fs, step: int) -> None:
     """Attributes in ReadDir equal GetAttr's whether inodes are dense (range read) or not."""
