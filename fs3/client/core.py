@@ -78,6 +78,7 @@ NAME_MAX = 255
 LOOKUP_PATH_MAX = 64  # names per LookupPath RPC (meta's limit)
 CLOSE_SESSIONS_MAX = 1024  # sessions per CloseSessions RPC (meta's limit)
 QUIET_CLOSE_DELAY_S = 0.02  # how long a quietly closed session waits for a request to ride on
+DIR_CACHE_MAX = 65536  # (parent, name) keys of directories remembered for path resolution
 
 # SetAttr valid bits (meta.proto SetAttrField), re-exported for callers.
 SETATTR_MODE = meta_pb2.SETATTR_MODE
@@ -219,6 +220,14 @@ class FileHandle:
         return (self.flags & os.O_ACCMODE) in (os.O_RDONLY, os.O_RDWR)
 
 
+@dataclass
+class _CachedDir:
+    """A directory met while resolving a path, and until when it may be used unasked."""
+
+    expires: float
+    attr: meta_pb2.Attr
+
+
 @dataclass(eq=False)
 class _PendingWrite:
     """A write-behind write in flight: its file range and task."""
@@ -309,6 +318,9 @@ class AsyncClient:
         self._quiet_closes: dict[tuple[int, int, tuple[int, ...]], list[tuple[int, str]]] = {}
         self._quiet_callers: dict[tuple[int, int, tuple[int, ...]], Caller] = {}
         self._closer: asyncio.Task[None] | None = None
+        # Python API path resolution: directories met on a path, (parent, name) ->
+        # {caller key: (expiry, attr)}; see _steps.
+        self._dirs: dict[tuple[int, bytes], dict[tuple[int, int, tuple[int, ...]], _CachedDir]] = {}
 
     # ================================================================== lifecycle
 
@@ -502,6 +514,8 @@ class AsyncClient:
                     await self._report(h)
         r = await self.meta.call("SetAttr", req)
         attr = r.attr
+        if _stat.S_ISDIR(attr.mode) and valid & (SETATTR_MODE | SETATTR_UID | SETATTR_GID):
+            self._dirs.clear()  # a directory's permissions changed: ask again on every path
         if valid & (SETATTR_MTIME | SETATTR_MTIME_NOW):
             # An explicit mtime wins over writes made before it (cp -p, tar).
             for h in self._handles_of(inode):
@@ -664,12 +678,18 @@ class AsyncClient:
     async def _remove(
         self, method: str, caller: Caller, parent: int, name: str | bytes
     ) -> meta_pb2.RemoveResponse:
-        r = await self.meta.call(
-            method,
-            meta_pb2.RemoveRequest(
-                user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name)
-            ),
-        )
+        try:
+            r = await self.meta.call(
+                method,
+                meta_pb2.RemoveRequest(
+                    user=caller.to_proto(),
+                    request_id=new_request_id(),
+                    parent=parent,
+                    name=_name(name),
+                ),
+            )
+        finally:
+            self._dirs.pop((parent, _name(name)), None)
         self._parent_changed(r)
         return r  # type: ignore[no-any-return]
 
@@ -683,18 +703,22 @@ class AsyncClient:
         flags: int = 0,
     ) -> meta_pb2.RenameResponse:
         """rename/renameat2 (``flags``: RENAME_NOREPLACE=1, RENAME_EXCHANGE=2)."""
-        return await self.meta.call(
-            "Rename",
-            meta_pb2.RenameRequest(
-                user=caller.to_proto(),
-                request_id=new_request_id(),
-                parent=parent,
-                name=_name(name),
-                new_parent=new_parent,
-                new_name=_name(new_name),
-                flags=flags,
-            ),
-        )
+        try:
+            return await self.meta.call(
+                "Rename",
+                meta_pb2.RenameRequest(
+                    user=caller.to_proto(),
+                    request_id=new_request_id(),
+                    parent=parent,
+                    name=_name(name),
+                    new_parent=new_parent,
+                    new_name=_name(new_name),
+                    flags=flags,
+                ),
+            )
+        finally:
+            self._dirs.pop((parent, _name(name)), None)
+            self._dirs.pop((new_parent, _name(new_name)), None)
 
     async def readdir(
         self,
@@ -1200,7 +1224,7 @@ class AsyncClient:
         if not parts:
             return cur, None
         if len(parts) > 1:
-            cur = await self._steps(caller, cur, parts[:-1], [depth])
+            cur = await self._steps(caller, cur, parts[:-1], [depth], cache_last=True)
         return cur, parts[-1]
 
     async def _steps(
@@ -1213,6 +1237,7 @@ class AsyncClient:
         follow_last: bool = True,
         last_dir: bool = True,
         last_counter: list[int] | None = None,
+        cache_last: bool = False,
     ) -> meta_pb2.Attr:
         """:meth:`_step` over ``comps`` in turn, with one LookupPath RPC per run of names.
 
@@ -1220,11 +1245,24 @@ class AsyncClient:
         one RPC plus one per symlink it passes; errors and their order are those
         of a walk one name at a time. ``follow_last``/``last_dir``/``last_counter``
         apply to the final name (as :meth:`_step`'s ``follow``/``must_be_dir``/``counter``).
+
+        Directories met on the way are remembered per caller for
+        ``[client] dir_cache_s`` (like the kernel's dentries for a FUSE mount's
+        ``entry_timeout_s``) and reused without asking meta: every name but the
+        last, and the last too if ``cache_last`` (a parent directory, whose
+        attributes the caller does not use). Own rmdir/rename/chmod drop them;
+        another client's renames show within ``dir_cache_s``.
         """
         i, n = 0, len(comps)
+        who = _caller_key(caller)
         while i < n:
             if not _stat.S_ISDIR(cur.mode):
                 raise posix(_errno.ENOTDIR, "not a directory")
+            known = self._cached_dir(who, cur.inode, comps[i]) if i < n - 1 or cache_last else None
+            if known is not None:
+                cur = known
+                i += 1
+                continue
             batch = comps[i : i + LOOKUP_PATH_MAX]
             for j, c in enumerate(batch):  # a too-long name fails at its own step
                 if len(c) > NAME_MAX:
@@ -1234,6 +1272,8 @@ class AsyncClient:
                     break
             attrs = await self._lookup_path(caller, cur.inode, batch)
             for attr in attrs:
+                if _stat.S_ISDIR(attr.mode):
+                    self._remember_dir(who, cur.inode, comps[i], attr)
                 final = i == n - 1
                 followed = _stat.S_ISLNK(attr.mode)
                 cur = await self._after_lookup(
@@ -1248,6 +1288,26 @@ class AsyncClient:
                 if followed:
                     break  # the link led elsewhere: continue from there in a new batch
         return cur
+
+    def _cached_dir(
+        self, who: tuple[int, int, tuple[int, ...]], parent: int, name: bytes
+    ) -> meta_pb2.Attr | None:
+        """A directory this caller met at (parent, name) less than ``dir_cache_s`` ago."""
+        got = self._dirs.get((parent, name))
+        hit = got.get(who) if got else None
+        if hit is None or hit.expires < time.monotonic():
+            return None
+        return hit.attr
+
+    def _remember_dir(
+        self, who: tuple[int, int, tuple[int, ...]], parent: int, name: bytes, attr: meta_pb2.Attr
+    ) -> None:
+        ttl = self.config.client.dir_cache_s
+        if ttl <= 0:
+            return
+        if len(self._dirs) >= DIR_CACHE_MAX:
+            self._dirs.clear()
+        self._dirs.setdefault((parent, name), {})[who] = _CachedDir(time.monotonic() + ttl, attr)
 
     async def _lookup_path(
         self, caller: Caller, parent: int, names: list[bytes]

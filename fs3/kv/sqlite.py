@@ -448,21 +448,25 @@ class SqliteDatabase(Database):
                 version, trimmed = int(version), int(trimmed)
                 self._index.catch_up(conn, version, trimmed)
                 added: list[_Commit] = []
+                alone = len(batch) == 1  # nobody to protect: the whole transaction is its own
                 for p in batch:
                     try:
                         p.tr._validate(conn, self._index, added, trimmed)
                     except FsError as e:
                         p.error = e
                         continue
-                    conn.execute("SAVEPOINT txn")
-                    try:
+                    if alone:
                         c = p.tr._apply(conn, version + 1)
-                        conn.execute("RELEASE txn")
-                    except sqlite3.Error as e:
-                        conn.execute("ROLLBACK TO txn")
-                        conn.execute("RELEASE txn")
-                        p.error = _to_fserror(e, "commit")
-                        continue
+                    else:
+                        conn.execute("SAVEPOINT txn")
+                        try:
+                            c = p.tr._apply(conn, version + 1)
+                            conn.execute("RELEASE txn")
+                        except sqlite3.Error as e:
+                            conn.execute("ROLLBACK TO txn")
+                            conn.execute("RELEASE txn")
+                            p.error = _to_fserror(e, "commit")
+                            continue
                     version += 1
                     added.append(c)
                     ok.append(p)

@@ -866,3 +866,44 @@ def test_closing_a_handle_that_wrote_nothing_costs_no_round_trip(client: Any) ->
         for name in [f"/quiet-{i}" for i in range(2, 6)] + ["/loud"]:
             if client.lexists(name):
                 client.unlink(name)
+
+
+def test_directories_on_a_path_are_reused_but_own_changes_show_at_once(client: Any) -> None:
+    """Path resolution remembers directories per caller (dir_cache_s); rmdir/rename/chmod
+    by this client drop them, and another caller still asks meta itself."""
+    from fs3.client.core import Caller
+
+    core = client.core
+    calls: list[str] = []
+    real_call = core.meta.call
+
+    async def spy(method: str, req: Any, **kw: Any) -> Any:
+        calls.append(method)
+        return await real_call(method, req, **kw)
+
+    client.makedirs("/dc/sub", exist_ok=True)
+    client.chmod("/dc", 0o700)  # only root may search it
+    core.meta.call = spy
+    try:
+        client.open("/dc/sub/a", "wb").close()
+        calls.clear()
+        client.open("/dc/sub/b", "wb").close()
+        assert calls[0] == "Create"  # /dc and /dc/sub were not looked up again
+        assert client.stat("/dc/sub/a").st_size == 0
+        # another caller resolves on its own: no search permission in /dc for uid 1234
+        with pytest.raises(FsError) as ei:
+            client.bridge.run(core.resolve(Caller(1234, 1234), "/dc/sub/a"))
+        assert ei.value.errno == errno.EACCES
+        client.rename("/dc/sub", "/dc/moved")
+        with pytest.raises(FileNotFoundError):
+            client.open("/dc/sub/c", "wb")
+        assert sorted(client.listdir("/dc/moved")) == ["a", "b"]
+    finally:
+        core.meta.call = real_call
+        client.bridge.run(core.flush_closes())
+    for n in ("a", "b"):
+        client.unlink(f"/dc/moved/{n}")
+    client.rmdir("/dc/moved")
+    with pytest.raises(FileNotFoundError):
+        client.open("/dc/moved/x", "wb")
+    client.rmdir("/dc")
