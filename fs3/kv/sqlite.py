@@ -27,14 +27,14 @@ explicit read-conflict ranges), not just "one writer at a time":
 
 Group commit: with ``synchronous=FULL`` every SQLite COMMIT is one WAL fsync,
 and the fsync, not the SQL, bounds a busy meta server. So commits of one process
-share SQLite write transactions: a committing thread queues its transaction and
-takes the commit mutex; whoever holds it (the *leader*) takes every queued
-transaction, opens one ``BEGIN IMMEDIATE``, validates and applies each in turn
-under its own savepoint and version (a conflicting one aborts alone: its
-savepoint is never written), and COMMITs once. Every transaction of the batch is
-acknowledged - its ``commit()`` returns - only after that COMMIT (and so the
-fsync) returned; threads that queued while the leader was busy form the next
-batch. One thread alone pays nothing extra: its batch is itself.
+share SQLite write transactions. A transaction that finds nobody committing and
+nobody queued takes the fast path above on its own. Otherwise it queues; when
+the commit in progress ends, one waiting thread becomes the *leader*: it takes
+every queued transaction, opens one ``BEGIN IMMEDIATE``, validates and applies
+each in turn under its own savepoint and version (a conflicting one aborts
+alone: its savepoint is never written), and COMMITs once. Every transaction of
+the batch is acknowledged - its ``commit()`` returns - only after that COMMIT
+(and so the fsync) returned; threads that queued meanwhile form the next batch.
 
 Conflict checks read an in-memory tail of the commit log (:class:`_ConflictIndex`):
 the write ranges of recent commits by version, extended from ``kv_log`` whenever
@@ -142,7 +142,7 @@ class _Commit:
 class _ConflictIndex:
     """The tail of ``kv_log`` in memory: commits with ``floor < version <= known``.
 
-    Only the commit leader touches it (one leader at a time). ``known`` is the
+    Only the thread committing (one at a time) touches it. ``known`` is the
     newest version this process has seen the write ranges of; when the database's
     version is ahead (another process committed), :meth:`catch_up` loads the
     missing rows from ``kv_log`` - or, if they were trimmed, starts afresh.
@@ -396,13 +396,31 @@ class SqliteDatabase(Database):
 
     # -- group commit ------------------------------------------------------------
 
-    def _group_commit(self, tr: SqliteTransaction) -> None:
-        """Queue ``tr``; return once a batch holding it committed durably, or raise its error.
+    def _group_commit(self, tr: SqliteTransaction, conn: sqlite3.Connection | None) -> None:
+        """Commit ``tr`` alone or in a batch; return once durable, or raise its error.
 
-        Waiters sleep on one condition: a finished batch wakes them all, its
-        members return and one of the others leads the next batch, so nobody's
-        acknowledgment waits for a batch it is not in.
+        ``conn``: the connection holding ``tr``'s read snapshot (None for blind
+        writes); this method releases it. With nobody committing or queued, the
+        transaction commits alone on it (:meth:`_commit_alone`). Otherwise it
+        queues; waiters sleep on one condition: a finished batch wakes them all,
+        its members return and one of the others leads the next batch, so
+        nobody's acknowledgment waits for a batch it is not in.
         """
+        if conn is not None:
+            with self._commit_cv:
+                alone = not self._leading and not self._queue
+                if alone:
+                    self._leading = True
+            if not alone:
+                self._release(conn)  # no snapshot pinned while waiting
+            else:
+                try:
+                    if self._commit_alone(tr, conn):
+                        return
+                finally:
+                    with self._commit_cv:
+                        self._leading = False
+                        self._commit_cv.notify_all()
         p = _Pending(tr)
         with self._commit_cv:
             self._queue.append(p)
@@ -425,6 +443,39 @@ class SqliteDatabase(Database):
                     self._commit_cv.notify_all()
         if p.error is not None:
             raise p.error
+
+    def _commit_alone(self, tr: SqliteTransaction, conn: sqlite3.Connection) -> bool:
+        """The uncontended case: upgrade ``tr``'s read transaction in place and commit it.
+
+        WAL refuses the upgrade (``SQLITE_BUSY_SNAPSHOT``) if anyone committed
+        since the snapshot, so success means there is nothing to validate and
+        the version read is still the newest. Returns False (nothing written,
+        ``conn`` released) when refused: the caller takes the batch path, which
+        validates against the commit log. Always releases ``conn``.
+        """
+        assert tr.read_version is not None
+        try:
+            try:
+                conn.execute("UPDATE kv_meta SET version = version + 1 WHERE id = 0")
+            except sqlite3.OperationalError as e:
+                if not _is_busy(e):
+                    raise
+                return False
+            version = tr.read_version + 1
+            c = tr._apply(conn, version)
+            conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            self._index.reset()
+            raise _to_fserror(e, "commit") from e
+        finally:
+            self._release(conn)  # rolls back whatever did not commit
+        if self._index.known == tr.read_version:
+            self._index.append(c)
+        else:
+            self._index.reset()  # it missed commits before ours: reload from kv_log
+        self.commits += 1
+        self.batches += 1
+        return True
 
     def _commit_batch(self, batch: list[_Pending]) -> None:
         """One SQLite write transaction for ``batch``; sets every member's outcome.
@@ -741,11 +792,11 @@ class SqliteTransaction(BufferedWritesTransaction):
         faults.maybe_fail("kv.commit")
         self.done = True
         conn, self._conn = self._conn, None
-        if conn is not None:
-            self.db._release(conn)  # ends our snapshot; validation uses the commit log
         if not self.writes and not self.cleared:
+            if conn is not None:
+                self.db._release(conn)
             return  # read-only: its snapshot was consistent; nothing to validate
-        self.db._group_commit(self)
+        self.db._group_commit(self, conn)
 
     def cancel(self) -> None:
         if not self.done:
