@@ -32,6 +32,14 @@ a ReadDir of all N entries in pages of 1,024 (the first and last page's latency
 show whether a page costs the same wherever it starts).
 
   python benchmarks/meta_ops.py --growth 100000 [--probe 200]
+
+In-process mode (``--inprocess N``): the meta operator and its SQLite KV alone, no
+RPC: CPU and wall time per create+close, with the Close as its own transaction
+and with the close riding on the next Create (what the client core sends for a
+handle that wrote nothing), and per lookup. Subtracting these from the cluster
+mode's meta CPU leaves what serving the RPCs costs.
+
+  python benchmarks/meta_ops.py --inprocess 1000
 """
 
 from __future__ import annotations
@@ -362,6 +370,78 @@ async def growth(addr: str, entries: int, probe: int, concurrency: int) -> dict[
         await d.close()
 
 
+# ---------------------------------------------------------------- in-process mode
+
+
+def inprocess(n: int, kv_dir: str) -> None:
+    import logging
+    import resource
+
+    from fs3.config import MetaSection
+    from fs3.kv import open_database
+    from fs3.meta.operator import MetaOperator
+
+    logging.getLogger("fs3").setLevel(logging.ERROR)  # "no chain table yet"
+
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
+    for mode in ("separate Close", "close rides on next Create"):
+        work = Path(tempfile.mkdtemp(prefix="fs3-metaop-", dir=kv_dir or None))
+        db = open_database(f"sqlite://{work}/kv.db")
+        try:
+            op = MetaOperator(db, MetaSection())
+            d = op.mkdir(
+                meta_pb2.MkdirRequest(user=USER, request_id="d", parent=1, name=b"d", mode=0o755)
+            ).attr.inode
+            prev: Any = None
+            c0, t0 = cpu(), time.perf_counter()
+            for i in range(n):
+                req = meta_pb2.CreateRequest(
+                    user=USER,
+                    request_id=uuid.uuid4().hex,
+                    parent=d,
+                    name=b"f%d" % i,
+                    mode=0o644,
+                    flags=flags,
+                    client_id="c",
+                )
+                if mode == "separate Close":
+                    r = op.create(req)
+                    op.close(
+                        meta_pb2.CloseRequest(
+                            user=USER,
+                            request_id=uuid.uuid4().hex,
+                            inode=r.attr.inode,
+                            session_id=r.session_id,
+                        )
+                    )
+                else:
+                    if prev is not None:
+                        req.close_sessions.add(inode=prev.attr.inode, session_id=prev.session_id)
+                    prev = op.create(req)
+            c1, t1 = cpu(), time.perf_counter()
+            print(
+                f"create+close ({mode}): {(t1 - t0) / n * 1e3:.3f} ms wall, "
+                f"{(c1 - c0) / n * 1e3:.3f} ms CPU",
+                flush=True,
+            )
+            if mode == "separate Close":
+                c0, t0 = cpu(), time.perf_counter()
+                for i in range(n):
+                    op.lookup(meta_pb2.LookupRequest(user=USER, parent=d, name=b"f%d" % i))
+                c1, t1 = cpu(), time.perf_counter()
+                print(
+                    f"lookup: {(t1 - t0) / n * 1e3:.3f} ms wall, {(c1 - c0) / n * 1e3:.3f} ms CPU",
+                    flush=True,
+                )
+        finally:
+            db.close()
+            shutil.rmtree(work, ignore_errors=True)
+
+
 # ---------------------------------------------------------------- cluster mode
 
 
@@ -541,7 +621,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="cluster mode: rounds (median)")
     ap.add_argument("--growth", type=int, default=0, help="growth mode: entries in one directory")
     ap.add_argument("--probe", type=int, default=200, help="growth mode: ops per latency median")
+    ap.add_argument("--inprocess", type=int, default=0, help="in-process mode: creates")
     args = ap.parse_args(argv)
+    if args.inprocess:
+        inprocess(args.inprocess, args.kv_dir)
+        return 0
     if args.growth:
         work = Path(tempfile.mkdtemp(prefix="fs3-metagrowth-", dir=args.kv_dir or None))
         procs: list[subprocess.Popen[str]] = []
