@@ -256,9 +256,11 @@ class ClientSection:
     eof_length_from_storage: bool = False  # a read reaching meta's EOF also asks storage (QueryLastChunk) for unreported writes of other clients
     length_report_interval_s: float = 5.0  # long writers report file length this often
     routing_refresh_s: float = 2.0
+    dir_cache_s: float = 1.0  # Python API: directories on a path are reused this long unasked, like FUSE's entry_timeout_s (0 = off)
 
     def validate(self) -> None:
         _check(self.retry_deadline_s > 0, "retry_deadline_s must be > 0")
+        _check(self.dir_cache_s >= 0, "dir_cache_s must be >= 0")
         _check(self.connect_timeout_s > 0, "connect_timeout_s must be > 0")
         _check(self.io_depth >= 1, "io_depth must be >= 1")
         _check(self.readahead_chunks >= 0, "readahead_chunks must be >= 0")

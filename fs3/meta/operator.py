@@ -325,6 +325,13 @@ class MetaOperator:
     def close(self, req: meta_pb2.CloseRequest) -> meta_pb2.AttrResponse:
         return self._write("Close", files.close, req, meta_pb2.CloseRequest, meta_pb2.AttrResponse)
 
+    def close_sessions(self, req: meta_pb2.CloseSessionsRequest) -> meta_pb2.CloseSessionsResponse:
+        """Many no-report closes in one transaction (idempotent: gone sessions are skipped)."""
+        self._check_request(req, meta_pb2.CloseSessionsRequest)
+        return self.db.run(  # type: ignore[no-any-return]
+            lambda tr: files.close_sessions(self._ctx(req.user), MetaTxn(tr), req)
+        )
+
     def sync(self, req: meta_pb2.SyncRequest) -> meta_pb2.AttrResponse:
         return self._write("Sync", files.sync, req, meta_pb2.SyncRequest, meta_pb2.AttrResponse)
 
