@@ -146,6 +146,8 @@ class StorageNode:
         )
         self.resync = ResyncManager(self.targets, self.rep)
         self._server = create_server()
+        if self._server.auth is not None:
+            self._server.auth.lookup = getattr(mgmtd, "get_user", None)  # confirmed by mgmtd
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
         self.heartbeats = 0

@@ -1,0 +1,73 @@
+"""Credentials of a cluster's processes, as ``fs3 cluster up`` (and deploy/) hands them out.
+
+Layout of a cluster directory (beside the cluster file ``fs3.cluster``):
+
+* ``fs3.secret`` (0600): the cluster secret. Services are given its path
+  (``[rpc] secret_file``): they verify every call with keys derived from it
+  and present a service token to each other. The operator who ran ``up`` can
+  read it, so ``fs3.connect``, ``fs3 admin`` and ``fs3 cluster status`` work
+  for them with no extra step (``fs3.rpc.auth.credential_from``).
+* ``fuse.token`` (0600): the FUSE daemon's mount token (``[rpc] token_file``):
+  it may act for the local users whose requests the kernel hands it, and holds
+  no secret.
+* ``tls/`` (``--tls``): ``ca.pem``/``ca.key`` and ``<process>.pem``/``.key``
+  (``fs3.security.tls``); services get ``[rpc] tls_cert/tls_key/tls_ca``,
+  clients find ``tls/ca.pem`` beside the cluster file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from fs3.durable import write_durably
+from fs3.security import tls as _tls
+from fs3.security.keys import SECRET_FILE_NAME, create_secret, load_secret
+from fs3.security.tokens import Signer
+
+MOUNT_TOKEN_FILE = "fuse.token"
+TLS_DIR = "tls"
+
+
+def ensure_secret(root: str | os.PathLike[str]) -> Path:
+    """``root/fs3.secret``, created (0600) if absent."""
+    path = Path(root) / SECRET_FILE_NAME
+    if not path.exists():
+        create_secret(path)
+    return path
+
+
+def service_settings(
+    root: str | os.PathLike[str], name: str, *, tls: bool, hosts: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """``[rpc]`` keys of service ``name``: the secret and, with ``tls``, its certificate."""
+    r = Path(root)
+    out: dict[str, Any] = {"secret_file": str(ensure_secret(r))}
+    if tls:
+        d = r / TLS_DIR
+        ca, _ = _tls.ensure_ca(d)
+        cert, key = _tls.issue(d, name, ("127.0.0.1", "localhost", *hosts))
+        out.update(tls_ca=str(ca), tls_cert=str(cert), tls_key=str(key))
+    return out
+
+
+def mount_settings(root: str | os.PathLike[str], *, tls: bool) -> dict[str, Any]:
+    """``[rpc]`` keys of the FUSE daemon: a mount token file and, with ``tls``, the CA."""
+    r = Path(root)
+    path = r / MOUNT_TOKEN_FILE
+    token = Signer(load_secret(ensure_secret(r))).mount_token(f"fuse@{os.uname().nodename}")
+    write_durably(path, token.encode(), mode=0o600, tmp=path.with_name(f".{path.name}.tmp"))
+    os.chmod(path, 0o600)
+    out: dict[str, Any] = {"token_file": str(path)}
+    if tls:
+        ca, _ = _tls.ensure_ca(r / TLS_DIR)
+        out["tls_ca"] = str(ca)
+    return out
+
+
+def use_local_credential(cluster_file: str | os.PathLike[str]) -> None:
+    """Make the cluster's credential this process's default (the launcher's own calls)."""
+    from fs3.rpc import auth
+
+    auth.set_default(auth.credential_from(cluster_file=str(cluster_file)))
