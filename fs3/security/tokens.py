@@ -171,7 +171,7 @@ class Verifier:
             raw = _unb64(body)
             mac = _unb64(mac_text)
             kind = json.loads(raw).get("k")
-        except (binascii.Error, ValueError, AttributeError):
+        except (binascii.Error, ValueError, AttributeError, RecursionError):
             raise _bad("malformed") from None
         key = self._keys.get(key_purpose(str(kind)))
         if key is None or not isinstance(kind, str) or kind not in KINDS:
@@ -195,7 +195,7 @@ def peek(token: str) -> Claims | None:
         return None
     try:
         return Claims.from_json(_unb64(parts[1]))
-    except (binascii.Error, KeyError, TypeError, ValueError):
+    except (binascii.Error, KeyError, TypeError, ValueError, RecursionError):
         return None
 
 
