@@ -266,6 +266,10 @@ def layout_of(attr: meta_pb2.Attr) -> Layout:
 class AsyncClient:
     """The fs3 client core (asyncio). Create with :meth:`connect`; close with :meth:`close`."""
 
+    # what a client minting its own token from a readable cluster secret presents
+    # (fs3.security.tokens kinds; the FUSE daemon's is "mount")
+    credential_kind = "service"
+
     def __init__(
         self,
         *,
@@ -367,6 +371,7 @@ class AsyncClient:
                 token_file=cfg.rpc.token_file or None,
                 secret_file=cfg.rpc.secret_file or None,
                 cluster_file=path,
+                kind=cls.credential_kind,
                 tls_ca=cfg.rpc.tls_ca,
             )
             if not _auth.default_credential().token:
