@@ -21,8 +21,8 @@ from fs3.config import RpcSection
 from fs3.errors import Code, FsError
 from fs3.proto import common_pb2, meta_pb2, meta_pb2_grpc, mgmtd_pb2, mgmtd_pb2_grpc
 from fs3.rpc import auth, settings
-from fs3.rpc.channel import insecure_channel, native_channel
 from fs3.rpc.channel import call as rpc_call
+from fs3.rpc.channel import insecure_channel, native_channel
 from fs3.testing.cluster import ProcessCluster
 
 pytestmark = [pytest.mark.security, pytest.mark.integration, pytest.mark.timeout(180)]
