@@ -1839,6 +1839,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_dir(st)
     st.add_argument("--json", action="store_true", help="print one JSON object")
 
+    cr = sub.add_parser(
+        "credentials",
+        help="create a deployment's cluster secret, mount token and TLS certificates in DIR",
+    )
+    cr.add_argument("--dir", required=True, help="where (e.g. a volume every service mounts)")
+    cr.add_argument("--tls", action="store_true", help="also a CA and one certificate per service")
+    cr.add_argument(
+        "--service",
+        action="append",
+        default=[],
+        metavar="NAME[=HOST,...]",
+        help="a service to issue a certificate for, and the hosts it is valid for (repeatable)",
+    )
+
     dn = sub.add_parser("down", help="unmount and stop the processes the launcher started")
     add_dir(dn)
     dn.add_argument("--wipe", action="store_true", help="also remove data, KV, configs and logs")
@@ -1921,6 +1935,10 @@ def main(argv: list[str] | None = None) -> int:
             ok, msg = False, e.message
         print(msg, file=sys.stdout if ok else sys.stderr)
         return 0 if ok else 1
+    if args.cmd == "credentials":
+        for line in provision.create_all(args.dir, tls=args.tls, services=args.service):
+            print(line)
+        return 0
     lc = LocalCluster(args.dir, grace_s=getattr(args, "grace", 10.0))
     try:
         if args.cmd == "up":

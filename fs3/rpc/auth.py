@@ -34,6 +34,7 @@ deploy templates always give services the secret.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -54,6 +55,7 @@ log = logging.getLogger("fs3.rpc.auth")
 
 METADATA_KEY = "fs3-token"
 RECHECK_S = 5.0  # a user principal is re-confirmed (not removed, not rotated) this often
+LOOKUP_TIMEOUT_S = 5.0  # one confirmation (mgmtd's GetUser) may take this long
 CACHE_ENTRIES = 4096  # verified gRPC tokens kept
 
 # Method levels.
@@ -169,7 +171,15 @@ class Authenticator:
                 Code.UNAUTHENTICATED,
                 "user tokens are not accepted here: this server cannot read the user records",
             )
-        rec = await self.lookup(p.name)
+        try:
+            rec = await asyncio.wait_for(self.lookup(p.name), LOOKUP_TIMEOUT_S)
+        except TimeoutError:
+            raise FsError(
+                Code.UNAVAILABLE,
+                f"cannot confirm user {p.name}: the user records did not answer in "
+                f"{LOOKUP_TIMEOUT_S:.0f} s",
+                retryable=True,
+            ) from None
         if rec is None:
             p.revoked = f"user {p.name} has been removed"
         elif rec.token_id != p.token_id:
@@ -217,7 +227,15 @@ class Authenticator:
         if p.kind == "user" and (p.revoked or time.monotonic() - p.checked > RECHECK_S):
             if p.revoked:
                 raise FsError(Code.UNAUTHENTICATED, f"credential revoked: {p.revoked}")
-            await self._confirm(p)
+            try:
+                await self._confirm(p)
+            except FsError as e:
+                if e.code == Code.UNAUTHENTICATED:
+                    raise
+                # the records cannot be read now (mgmtd failing over): keep serving the
+                # user confirmed before, and ask again at the next recheck
+                log.debug("cannot recheck %s: %s", p.describe(), e)
+                p.checked = time.monotonic()
         if p.level() < level:
             raise FsError(
                 Code.PERMISSION_DENIED,
@@ -393,11 +411,12 @@ def default_credential() -> Credential:
 
     r = settings.current()
     if _resolved is None or _resolved[0] is not r:
+        env = os.environ  # CLI processes load no config: its FS3_RPC_* overrides apply here
         cred = credential_from(
-            token_file=r.token_file or None,
-            secret_file=r.secret_file or None,
-            tls_ca=r.tls_ca,
-            cluster_file=os.environ.get("FS3_CLUSTER_FILE") or None,
+            token_file=r.token_file or env.get("FS3_RPC_TOKEN_FILE") or None,
+            secret_file=r.secret_file or env.get("FS3_RPC_SECRET_FILE") or None,
+            tls_ca=r.tls_ca or env.get("FS3_RPC_TLS_CA", ""),
+            cluster_file=env.get("FS3_CLUSTER_FILE") or None,
         )
         _resolved = (r, cred)
     return _resolved[1]

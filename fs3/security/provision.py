@@ -56,10 +56,15 @@ def mount_settings(root: str | os.PathLike[str], *, tls: bool) -> dict[str, Any]
     """``[rpc]`` keys of the FUSE daemon: a mount token file and, with ``tls``, the CA."""
     r = Path(root)
     path = r / MOUNT_TOKEN_FILE
+    if path.exists():
+        out: dict[str, Any] = {"token_file": str(path)}
+        if tls:
+            out["tls_ca"] = str(_tls.ensure_ca(r / TLS_DIR)[0])
+        return out
     token = Signer(load_secret(ensure_secret(r))).mount_token(f"fuse@{os.uname().nodename}")
     write_durably(path, token.encode(), mode=0o600, tmp=path.with_name(f".{path.name}.tmp"))
     os.chmod(path, 0o600)
-    out: dict[str, Any] = {"token_file": str(path)}
+    out = {"token_file": str(path)}
     if tls:
         ca, _ = _tls.ensure_ca(r / TLS_DIR)
         out["tls_ca"] = str(ca)
@@ -71,3 +76,26 @@ def use_local_credential(cluster_file: str | os.PathLike[str]) -> None:
     from fs3.rpc import auth
 
     auth.set_default(auth.credential_from(cluster_file=str(cluster_file)))
+
+
+def create_all(
+    root: str | os.PathLike[str], *, tls: bool, services: list[str], mount_token: bool = True
+) -> list[str]:
+    """Everything a deployment's processes need, in ``root`` (``fs3 cluster credentials``).
+
+    ``services``: ``NAME`` or ``NAME=HOST[,HOST...]`` (the names and addresses its
+    certificate is valid for, besides :data:`fs3.security.tls.SERVICE_NAME`).
+    Existing files are kept, so running it again changes nothing.
+    """
+    r = Path(root)
+    r.mkdir(parents=True, exist_ok=True)
+    made = [f"secret {ensure_secret(r)}"]
+    if mount_token:
+        made.append(f"mount token {mount_settings(r, tls=False)['token_file']}")
+    if tls:
+        for spec in services:
+            name, _, hosts = spec.partition("=")
+            extra = tuple(h for h in hosts.split(",") if h)
+            cert = service_settings(r, name, tls=True, hosts=extra)["tls_cert"]
+            made.append(f"certificate {cert}")
+    return made

@@ -376,11 +376,15 @@ class ServerConnection(FrameReceiver):
         try:
             self.principal = await auth.authenticate(token)
         except FsError as e:
-            log.warning("refused credential from %s: %s", self.peer, e.message)
-            self.auth_error = e  # every call of this connection is answered with it
-        except Exception as e:  # a lookup that failed: refuse, never crash
+            if e.code == Code.UNAUTHENTICATED:
+                log.warning("refused credential from %s: %s", self.peer, e.message)
+                self.auth_error = e  # every call of this connection is answered with it
+            else:  # could not check (user records unreachable): the client reconnects
+                log.warning("cannot check the credential of %s: %s", self.peer, e.message)
+                self._close()
+        except Exception as e:  # never crash on a credential
             log.warning("cannot check the credential of %s: %s", self.peer, e)
-            self.auth_error = FsError(Code.UNAVAILABLE, f"cannot check credential: {e}")
+            self._close()
         finally:
             self._authing = False
             self._update_reading()

@@ -420,4 +420,46 @@ def test_tls_server_serves_tls_clients_and_refuses_plaintext(
 def test_server_without_secret_does_not_authenticate(tmp_path: Path) -> None:
     """No [rpc] secret_file: no authenticator (the launcher and deploy always set one)."""
     assert auth.server_authenticator(RpcSection()) is None
-    assert create_server(RpcSection()).auth is None
+
+    async def main() -> None:
+        assert create_server(RpcSection()).auth is None
+
+    run(main())
+
+
+def test_unreachable_user_records_neither_admit_nor_stick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records down at connect: the connection closes (retryable); later it works.
+
+    Records down at a recheck: the user confirmed before keeps being served.
+    """
+    env = Env(tmp_path, use_tls=False)
+    monkeypatch.setattr(auth, "RECHECK_S", 0.1)
+    down = {"on": True}
+    real = env.users.lookup
+
+    async def flaky(name: str) -> Any:
+        if down["on"]:
+            raise FsError(Code.UNAVAILABLE, "mgmtd is failing over", retryable=True)
+        return await real(name)
+
+    async def main() -> None:
+        async with Node(env) as node:
+            assert node.server.auth is not None
+            node.server.auth.lookup = flaky
+            pool = _pool("native-uds", env.cred(env.alice))
+            try:
+                with pytest.raises(FsError) as e:
+                    await _statfs(pool, node.address, 1000)
+                assert e.value.code == Code.UNAVAILABLE and e.value.retryable
+                down["on"] = False
+                await pool.drop(node.address)
+                assert (await _statfs(pool, node.address, 1000)).block_size == 1001
+                down["on"] = True
+                await asyncio.sleep(0.3)  # past the recheck interval
+                assert (await _statfs(pool, node.address, 1000)).block_size == 1001
+            finally:
+                await pool.close()
+
+    run(main())
