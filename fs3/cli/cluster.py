@@ -1557,6 +1557,7 @@ class LocalCluster:
         for f in (p.state, p.cluster_file, *leftovers):
             with contextlib.suppress(FileNotFoundError):
                 f.unlink()
+        provision.remove_all(p.root)
         self._say(f"wiped {p.root}")
 
     def kill(self, name: str) -> ProcRecord:

@@ -470,14 +470,7 @@ def server_ssl_context(cert_file: str, key_file: str) -> ssl.SSLContext:
 # ------------------------------------------------------------------------ gRPC client side
 
 
-class _Interceptor(
-    aio.UnaryUnaryClientInterceptor,
-    aio.UnaryStreamClientInterceptor,
-    aio.StreamUnaryClientInterceptor,
-    aio.StreamStreamClientInterceptor,
-):
-    """Adds the token to every call's metadata (grpc.aio channels)."""
-
+class _WithToken:
     def __init__(self, token: str) -> None:
         self._md = ((METADATA_KEY, token),)
 
@@ -485,21 +478,34 @@ class _Interceptor(
         md = tuple(d.metadata or ()) + self._md
         return aio.ClientCallDetails(d.method, d.timeout, md, d.credentials, d.wait_for_ready)
 
+
+# grpc.aio files each interceptor under the first call kind it implements, so each kind
+# needs an object of its own.
+class _UnaryUnary(_WithToken, aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation: Any, d: Any, request: Any) -> Any:
         return await continuation(self._details(d), request)
 
+
+class _UnaryStream(_WithToken, aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation: Any, d: Any, request: Any) -> Any:
         return await continuation(self._details(d), request)
 
+
+class _StreamUnary(_WithToken, aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(self, continuation: Any, d: Any, it: Any) -> Any:
         return await continuation(self._details(d), it)
 
+
+class _StreamStream(_WithToken, aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(self, continuation: Any, d: Any, it: Any) -> Any:
         return await continuation(self._details(d), it)
 
 
 def aio_interceptors(cred: Credential) -> list[Any]:
-    return [_Interceptor(cred.token)] if cred.token else []
+    """grpc.aio client interceptors adding the token to every call's metadata."""
+    if not cred.token:
+        return []
+    return [k(cred.token) for k in (_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream)]
 
 
 def sync_metadata_interceptor(cred: Credential) -> Any:

@@ -17,7 +17,9 @@ Layout of a cluster directory (beside the cluster file ``fs3.cluster``):
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +101,12 @@ def create_all(
             cert = service_settings(r, name, tls=True, hosts=extra)["tls_cert"]
             made.append(f"certificate {cert}")
     return made
+
+
+def remove_all(root: str | os.PathLike[str]) -> None:
+    """Delete what this module created in ``root`` (``fs3 cluster down --wipe``)."""
+    r = Path(root)
+    for f in (r / SECRET_FILE_NAME, r / MOUNT_TOKEN_FILE):
+        with contextlib.suppress(FileNotFoundError):
+            f.unlink()
+    shutil.rmtree(r / TLS_DIR, ignore_errors=True)

@@ -332,13 +332,14 @@ def test_native_checks_once_per_connection(tmp_path: Path) -> None:
     run(main())
 
 
-def test_request_streams_are_authenticated(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_request_streams_are_authenticated(tmp_path: Path, transport: str) -> None:
     env = Env(tmp_path, use_tls=False)
 
     async def main() -> None:
         async with Node(env) as node:
             for tok, ok in (("", False), (env.alice, True)):
-                pool = _pool("native-uds", env.cred(tok))
+                pool = _pool(transport, env.cred(tok))
                 try:
                     stub = storage_pb2_grpc.StorageServiceStub(pool.get(node.address))
                     s = BidiStream(stub.ReadStream)
