@@ -216,6 +216,22 @@ class Authenticator:
 
     # -- per call ---------------------------------------------------------------------
 
+    def check_now(self, context: Any, level: int, request: Any, what: str) -> bool:
+        """The common case without a coroutine: a native connection's confirmed principal.
+
+        True: allowed (raises if refused); False: :meth:`check` must decide (gRPC
+        metadata, a user due for its recheck, no principal).
+        """
+        if level == OPEN:
+            return True
+        p = getattr(context, "principal", None)
+        if not isinstance(p, Principal) or (
+            p.kind == "user" and (p.revoked or time.monotonic() - p.checked > RECHECK_S)
+        ):
+            return False
+        self._authorize(p, level, request, what)
+        return True
+
     async def check(self, context: Any, level: int, request: Any, what: str) -> None:
         """Refuse the call unless its caller may call ``what`` (of ``level``) with ``request``."""
         if level == OPEN:
@@ -236,6 +252,10 @@ class Authenticator:
                 # user confirmed before, and ask again at the next recheck
                 log.debug("cannot recheck %s: %s", p.describe(), e)
                 p.checked = time.monotonic()
+        self._authorize(p, level, request, what)
+
+    @staticmethod
+    def _authorize(p: Principal, level: int, request: Any, what: str) -> None:
         if p.level() < level:
             raise FsError(
                 Code.PERMISSION_DENIED,

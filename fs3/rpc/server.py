@@ -75,7 +75,7 @@ def _wrap_unary(
     @functools.wraps(fn)
     async def handler(request: Any, context: aio.ServicerContext) -> Any:
         try:
-            if gate is not None:
+            if gate is not None and not gate.check_now(context, level, request, name):
                 await gate.check(context, level, request, name)
             return await fn(request, context)
         except aio.AbortError:
@@ -95,7 +95,8 @@ def _wrap_stream(
             if gate is not None:
                 # a request stream (iterator) carries no ``user`` field to check
                 msg = request if hasattr(request, "DESCRIPTOR") else None
-                await gate.check(context, level, msg, name)
+                if not gate.check_now(context, level, msg, name):
+                    await gate.check(context, level, msg, name)
             async for item in fn(request, context):
                 yield item
         except aio.AbortError:
