@@ -359,10 +359,10 @@ def credential_from(
 
     ``token``, ``token_file``, ``secret_file`` (mint a ``kind`` token), ``$FS3_TOKEN``,
     ``$FS3_TOKEN_FILE``, the cluster secret beside ``cluster_file`` if this user may
-    read it (the local operator who ran ``fs3 cluster up``), else no token. The TLS CA
-    defaults to ``ca.pem`` in the ``tls`` directory beside the cluster file.
+    read it (the local operator who ran ``fs3 cluster up``), else no token. The TLS CA:
+    ``tls_ca``, ``$FS3_RPC_TLS_CA``, else ``tls/ca.pem`` beside the cluster file.
     """
-    ca = tls_ca or os.environ.get("FS3_TLS_CA", "")
+    ca = tls_ca or os.environ.get("FS3_RPC_TLS_CA", "")
     if not ca and cluster_file:
         cand = Path(cluster_file).parent / "tls" / "ca.pem"
         if cand.is_file():
