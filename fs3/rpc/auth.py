@@ -265,24 +265,37 @@ class Authenticator:
             check_identity(p, request, what)
 
 
+_USER_FIELD: dict[Any, bool] = {}  # message class -> has a ``user`` (UserInfo) field
+
+
+def _has_user(cls: Any) -> bool:
+    has = _USER_FIELD.get(cls)
+    if has is None:
+        f = cls.DESCRIPTOR.fields_by_name.get("user")
+        has = _USER_FIELD[cls] = f is not None and f.message_type is not None
+    return has
+
+
 def check_identity(p: Principal, request: Any, what: str) -> None:
-    """A user principal may only speak for itself in a request's ``user`` field."""
-    if request is None:
-        return  # a request stream: its messages carry no identity
-    try:
-        user = request.user if request.HasField("user") else None
-    except ValueError:  # the message has no ``user`` field
-        return
-    if user is None:
-        user_uid, user_gid, groups = 0, 0, ()
-    else:
-        user_uid, user_gid, groups = user.uid, user.gid, tuple(user.groups)
-    if user_uid != p.uid or user_gid != p.gid or not set(groups) <= (p.groups | {p.gid}):
-        raise FsError(
-            Code.PERMISSION_DENIED,
-            f"{what}: {p.describe()} may not act as uid {user_uid} gid {user_gid} "
-            f"groups {list(groups)} (a user token acts only as its own uid/gid/groups)",
-        )
+    """A user principal may only speak for itself in a request's ``user`` field.
+
+    An unset ``user`` reads as uid 0 / gid 0, so leaving it out claims root too.
+    """
+    if request is None or not _has_user(type(request)):
+        return  # a request stream's messages, or a request that names nobody
+    user = request.user
+    if user.uid == p.uid and user.gid == p.gid:
+        allowed = p.groups
+        for g in user.groups:
+            if g not in allowed and g != p.gid:
+                break
+        else:
+            return
+    raise FsError(
+        Code.PERMISSION_DENIED,
+        f"{what}: {p.describe()} may not act as uid {user.uid} gid {user.gid} "
+        f"groups {list(user.groups)} (a user token acts only as its own uid/gid/groups)",
+    )
 
 
 def _principal(c: Claims) -> Principal:
