@@ -208,10 +208,14 @@ class Authenticator:
             return None
         p = self._cache.get(token)
         if p is None:
-            p = await self.authenticate(token)
+            p = _principal(self.verifier.verify(token))  # a forgery is refused here, uncached
             if len(self._cache) >= CACHE_ENTRIES:
                 self._cache.pop(next(iter(self._cache)))
+            # cached before its user is confirmed: a revoked token keeps being refused
+            # from the cache instead of costing a lookup per call
             self._cache[token] = p
+            if p.kind == "user":
+                p.checked = 0.0  # confirmed by check() before any use
         return p
 
     # -- per call ---------------------------------------------------------------------
@@ -246,8 +250,8 @@ class Authenticator:
             try:
                 await self._confirm(p)
             except FsError as e:
-                if e.code == Code.UNAUTHENTICATED:
-                    raise
+                if e.code == Code.UNAUTHENTICATED or p.checked == 0.0:
+                    raise  # revoked, or never confirmed: not admitted on a failed lookup
                 # the records cannot be read now (mgmtd failing over): keep serving the
                 # user confirmed before, and ask again at the next recheck
                 log.debug("cannot recheck %s: %s", p.describe(), e)

@@ -464,3 +464,39 @@ def test_unreachable_user_records_neither_admit_nor_stick(
                 await pool.close()
 
     run(main())
+
+
+def test_grpc_user_token_is_never_admitted_unconfirmed_and_revocation_is_cached(
+    tmp_path: Path,
+) -> None:
+    env = Env(tmp_path, use_tls=False)
+    down = {"on": True}
+    real = env.users.lookup
+
+    async def flaky(name: str) -> Any:
+        if down["on"]:
+            raise FsError(Code.UNAVAILABLE, "mgmtd is failing over", retryable=True)
+        return await real(name)
+
+    async def main() -> None:
+        async with Node(env) as node:
+            assert node.server.auth is not None
+            node.server.auth.lookup = flaky
+            pool = _pool("grpc", env.cred(env.alice))
+            try:
+                assert await _code(_statfs(pool, node.address, 1000)) == Code.UNAVAILABLE
+                down["on"] = False
+                assert await _code(_statfs(pool, node.address, 1000)) == "ok"
+            finally:
+                await pool.close()
+            del env.users.records["ops"]
+            pool = _pool("grpc", env.cred(env.root_admin))
+            try:
+                before = env.users.lookups
+                for _ in range(5):
+                    assert await _code(_statfs(pool, node.address, 1001)) == Code.UNAUTHENTICATED
+                assert env.users.lookups == before + 1  # the refusal is remembered
+            finally:
+                await pool.close()
+
+    run(main())
