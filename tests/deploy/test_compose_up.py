@@ -55,7 +55,7 @@ CLUSTER_FILE = ROOT / "deploy" / "compose.local.cluster"
 # Every 127.0.0.1 port deploy/compose.local.yml listens on (metrics use free ports).
 PORTS = [17001, 17002, 17101, 17102, 17201, 17202, 17203, 17211, 17212, 17213]
 LONG_RUNNING = ["mgmtd1", "mgmtd2", "meta1", "meta2", "storage1", "storage2", "storage3", "fuse"]
-ONE_SHOT = ["fdb-init", "chain-table"]
+ONE_SHOT = ["fdb-init", "credentials", "chain-table"]
 VICTIM = "storage1"
 VICTIM_NODE = "storage-1"
 SEED = 20
