@@ -68,8 +68,10 @@ from fs3.client.storage_client import StorageClient
 from fs3.errors import Code, FsError, posix
 from fs3.proto import common_pb2, meta_pb2
 from fs3.routing import Routing, RoutingWatcher
+from fs3.rpc import auth as _auth
 from fs3.rpc.channel import ChannelPool
 from fs3.security.capability import CapabilityCache
+from fs3.security.tokens import peek
 from fs3.transport.base import ClientTransport
 
 log = logging.getLogger("fs3.client")
@@ -284,6 +286,10 @@ _CAP_CALLER: contextvars.ContextVar[tuple[Caller, str] | None] = contextvars.Con
 class AsyncClient:
     """The fs3 client core (asyncio). Create with :meth:`connect`; close with :meth:`close`."""
 
+    # what a client minting its own token from a readable cluster secret presents
+    # (fs3.security.tokens kinds; the FUSE daemon's is "mount")
+    credential_kind = "service"
+
     def __init__(
         self,
         *,
@@ -293,15 +299,23 @@ class AsyncClient:
         transport: ClientTransport,
         client_id: str,
         meta_addresses: Sequence[str] = (),
+        credential: Any = None,
     ) -> None:
         self.config = config
+        self.credential = credential  # fs3.rpc.auth.Credential (None: the process's)
+        # who the client's own bookkeeping calls (lengths of open files) run as: root,
+        # unless a user token says who this client is (it may act for nobody else)
+        self.internal_caller = ROOT
+        claims = peek(credential.token) if credential is not None else None
+        if claims is not None and claims.kind == "user":
+            self.internal_caller = Caller(claims.uid, claims.gid, tuple(claims.groups))
         self.client_id = client_id
         self.mgmtd = mgmtd
         self.routing_watcher = watcher
         self.transport = transport
         c = config.client
         self.policy = RetryPolicy(deadline_s=c.retry_deadline_s, rpc_timeout_s=c.rpc_timeout_s)
-        self._pool = ChannelPool(config.rpc.transport)
+        self._pool = ChannelPool(config.rpc.transport, credential)
         self.meta = MetaClient(
             lambda: self.routing_watcher.current,
             self.refresh_routing,
@@ -347,6 +361,7 @@ class AsyncClient:
         client_id: str | None = None,
         meta_addresses: Sequence[str] = (),
         on_wait: Callable[[str], None] | None = None,
+        credential: Any = None,
     ) -> AsyncClient:
         """Connect to a cluster: find mgmtd, fetch routing, set up transports.
 
@@ -361,6 +376,11 @@ class AsyncClient:
         after :data:`CONNECT_NOTICE_S`, ``on_wait`` (default: a warning on the
         ``fs3.client`` logger, which reaches stderr even when logging is not
         configured) is told which addresses are being waited for.
+
+        ``credential`` (``fs3.rpc.auth.Credential``) is what every call presents;
+        default: :func:`fs3.rpc.auth.credential_from` for this cluster file (a token
+        from ``$FS3_TOKEN``/``$FS3_TOKEN_FILE``, or the cluster secret beside the
+        cluster file when this user may read it).
 
         Raises:
             FsError: ENOENT/EACCES/EISDIR (the cluster file cannot be read),
@@ -378,6 +398,17 @@ class AsyncClient:
                 Code.INVALID_ARGUMENT,
                 "no cluster file (pass one, set [cluster] cluster_file or FS3_CLUSTER_FILE)",
             )
+        if credential is None:
+            credential = _auth.credential_from(
+                token_file=cfg.rpc.token_file or None,
+                secret_file=cfg.rpc.secret_file or None,
+                cluster_file=path,
+                kind=cls.credential_kind,
+                tls_ca=cfg.rpc.tls_ca,
+            )
+            if not _auth.default_credential().token:
+                # this process's other channels (e.g. the shm transport's) present it too
+                _auth.set_default(credential)
         kind = transport or cfg.transport.kind
         cid = client_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         mgmtd = MgmtdClient.from_cluster_file(
@@ -385,6 +416,7 @@ class AsyncClient:
             timeout_s=cfg.client.rpc_timeout_s,
             retry_deadline_s=cfg.client.retry_deadline_s,
             transport=cfg.rpc.transport,
+            credential=credential,
         )
         watcher = RoutingWatcher(mgmtd, poll_interval_s=cfg.client.routing_refresh_s)
         try:
@@ -402,6 +434,7 @@ class AsyncClient:
             transport=tr,
             client_id=cid,
             meta_addresses=meta_addresses,
+            credential=credential,
         )
         self._reporter = asyncio.create_task(self._report_loop(), name="fs3-length-reporter")
         return self
@@ -578,7 +611,7 @@ class AsyncClient:
         for h in self._handles_of(fh.inode):
             if h.dirty:
                 await self._report(h)
-        size = int((await self.getattr(ROOT, fh.inode)).size)
+        size = int((await self.getattr(self.internal_caller, fh.inode)).size)
         inode, chains, cs = fh.inode, fh.chains, fh.chunk_size
         grows = not mode & FALLOC_FL_KEEP_SIZE and end > size
         if chains:
@@ -1448,7 +1481,7 @@ class AsyncClient:
         return max(fh.known_length, self._local_length(fh.inode, fh.truncate_version))
 
     async def _refresh_length(self, fh: FileHandle) -> int:
-        attr = await self.getattr(ROOT, fh.inode)
+        attr = await self.getattr(self.internal_caller, fh.inode)
         if int(attr.truncate_version) != fh.truncate_version:
             # Someone truncated: our unreported hints are void, meta's length rules.
             fh.truncate_version = int(attr.truncate_version)

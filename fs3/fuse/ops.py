@@ -189,6 +189,8 @@ class FuseClient(AsyncClient):
     overwritten by the report at close.
     """
 
+    credential_kind = "mount"  # acts for the local users the kernel names, not an admin
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: fh number -> wall-clock ns of the last write not yet reported to meta.
