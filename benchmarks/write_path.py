@@ -82,13 +82,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", help="scratch dir on the measured disk (default: temp in /var/tmp)")
     p.add_argument("--py-spy", dest="py_spy", help="directory for py-spy profiles of run 1")
     p.add_argument("--label", default="", help="a name for this build in the output")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        help="config override role.section.key=value (e.g. fuse.fuse.writeback_cache=true)",
+    )
     p.add_argument("--out", help="write the JSON result here")
     a = p.parse_args(argv)
     size, ckpt = parse_size(a.size), parse_size(a.ckpt_size)
     names = [w.strip() for w in a.workloads.split(",") if w.strip()]
     moved = {"seq_write": size, "ckpt_write": 4 * ckpt}
 
-    base = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="fs3-wp-", dir="/var/tmp"))
+    base = (
+        Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="fs3-wp-", dir="/var/tmp"))
+    )
     base.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda s, f: (_ for _ in ()).throw(SystemExit(128 + s)))
     local_dir, cdir, mnt = base / "local", base / "fs3", base / "fs3-mnt"
@@ -99,8 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     cpu: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     load: list[str] = [loadavg()]
     max_write = "?"
+    overrides: dict[str, dict[str, dict[str, Any]]] = {}
+    for item in a.set:
+        path, value = item.split("=", 1)
+        role, section, key = path.split(".")
+        overrides.setdefault(role, {}).setdefault(section, {})[key] = json.loads(value)
     cluster = ProcessCluster(
-        cdir, storage_nodes=3, replicas=3, transport=a.transport, mount=str(mnt), start_timeout_s=180
+        cdir,
+        storage_nodes=3,
+        replicas=3,
+        transport=a.transport,
+        mount=str(mnt),
+        start_timeout_s=180,
+        overrides=overrides,
     )
     try:
         say(f"cluster up in {cdir} (transport {a.transport}), mount {mnt}")
@@ -168,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {
         "label": a.label,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "command": "benchmarks/write_path.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "benchmarks/write_path.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": machine,
         "load": load,
         "figures": figures,

@@ -72,10 +72,11 @@ class _Inode:
     since: float = 0.0  # monotonic time of the buffer's first byte
     timer: asyncio.TimerHandle | None = None  # the age check of the open buffer
     flights: list[_Flight] = field(default_factory=list)
+    sending: list[int] = field(default_factory=list)  # starts of buffers waiting for a slot
 
     @property
     def busy(self) -> bool:
-        return self.used > 0 or bool(self.flights)
+        return self.used > 0 or bool(self.flights) or bool(self.sending)
 
 
 class WriteBehind:
@@ -120,7 +121,7 @@ class WriteBehind:
         st = self._inodes.get(inode)
         if st is None:
             return None
-        starts = [f.start for f in st.flights]
+        starts = [f.start for f in st.flights] + st.sending
         if st.used:
             starts.append(st.off)
         return min(starts) if starts else None
@@ -172,6 +173,7 @@ class WriteBehind:
         fh, start, data, release = st.owner, st.off, st.buf[: st.used], st.release
         end = start + st.used
         st.buf, st.release, st.used, st.owner = None, None, 0, None
+        st.sending.append(start)  # still unsettled while it waits (busy, unsettled_from)
         try:
             while any(f.start < end and start < f.end for f in st.flights):
                 await asyncio.wait([f.task for f in st.flights if f.start < end and start < f.end])
@@ -185,6 +187,8 @@ class WriteBehind:
                 fh, FsError(Code.CANCELLED, f"write of inode {st.inode} at {start} was cancelled")
             )
             raise
+        finally:
+            st.sending.remove(start)
         task = asyncio.get_running_loop().create_task(self._run(st, fh, start, data, release))
         flight = _Flight(start, end, task)
         st.flights.append(flight)
@@ -266,10 +270,11 @@ class WriteBehind:
         def overlaps(s: int, e: int) -> bool:
             return end is None or (s < end and start < e)
 
-        if st.used and overlaps(st.off, st.off + st.used):
-            async with st.lock:
-                if st.used and overlaps(st.off, st.off + st.used):
-                    await self._send(st)
+        # Under the lock: a buffer another task is sending (waiting for a slot) is in
+        # flight once the lock is free, so it is waited for below.
+        async with st.lock:
+            if st.used and overlaps(st.off, st.off + st.used):
+                await self._send(st)
         while True:
             tasks = [f.task for f in st.flights if overlaps(f.start, f.end)]
             if not tasks:

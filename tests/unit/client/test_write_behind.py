@@ -187,3 +187,32 @@ def test_another_handle_or_offset_sends_the_buffer_first() -> None:
         await tr.close()
 
     asyncio.run(main())
+
+
+def test_settle_waits_for_a_buffer_that_waits_for_a_slot() -> None:
+    """fsync must cover a write that returned but whose buffer is still queued for a slot."""
+
+    async def main() -> None:
+        tr = ShmClientTransport("c5")
+        store = Store()
+        store.gate.clear()
+        other, h = _fh(1, inode=8), _fh(2, inode=7)
+        wb = _engine(store, tr, [other, h], depth=1)
+        await wb.write(other, 0, memoryview(b"o" * CS))  # in flight: takes the only slot
+        queued = asyncio.ensure_future(wb.write(h, 0, memoryview(b"h" * CS)))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not queued.done()  # its full buffer waits for the slot
+        assert wb.busy(h.inode) and wb.unsettled_from(h.inode) == 0
+        settled = asyncio.ensure_future(wb.settle(h.inode))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not settled.done()
+        store.gate.set()
+        await asyncio.wait_for(settled, 5)
+        assert len(store.calls) == 2 and bytes(store.data[:CS]) == b"h" * CS
+        await queued
+        await wb.close()
+        await tr.close()
+
+    asyncio.run(main())
