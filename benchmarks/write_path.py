@@ -10,7 +10,9 @@ ratio. For every fs3 run it also reads each cluster process's CPU time
 (``/proc/<pid>/stat`` utime + stime, all threads) before and after, and
 reports CPU seconds per GiB written: the daemon (``fuse``), each storage
 node, meta and mgmtd; the process that spends most per GiB is the next
-bottleneck.
+bottleneck. The figures are net of each process's idle CPU (measured for
+``--idle-seconds`` on the idle cluster, times the run's duration), which
+would otherwise make a slow run look expensive.
 
     .venv/bin/python benchmarks/write_path.py --size 256M --ckpt-size 64M --runs 3
 
@@ -82,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", help="scratch dir on the measured disk (default: temp in /var/tmp)")
     p.add_argument("--py-spy", dest="py_spy", help="directory for py-spy profiles of run 1")
     p.add_argument("--label", default="", help="a name for this build in the output")
+    p.add_argument("--idle-seconds", type=float, default=5.0, help="idle CPU sample length")
     p.add_argument(
         "--set",
         action="append",
@@ -130,12 +133,20 @@ def main(argv: list[str] | None = None) -> int:
         wf = Workloads(str(fs3_dir), size, 1, 0, 0, ckpt)
         pids = role_pids(cluster)
         say(f"processes: {pids}")
+        # Background CPU (heartbeats, polls) grows with a run's duration, not with the
+        # bytes moved: measured on the idle cluster and subtracted ("net").
+        t0, c0 = time.monotonic(), {k: cpu_seconds(v) for k, v in pids.items()}
+        time.sleep(a.idle_seconds)
+        idle_s = time.monotonic() - t0
+        idle = {k: (cpu_seconds(v) - c0[k]) / idle_s for k, v in pids.items()}
+        say("idle CPU (cores): " + ", ".join(f"{k} {v:.3f}" for k, v in idle.items()))
         for i in range(a.runs):
             for n in names:
                 r = getattr(wl, n)()
                 figures["local"].setdefault(n, []).append(r[n])
                 say(f"run {i + 1} local {n}: {r[n]:.1f} MiB/s (load {loadavg()})")
                 before = {k: cpu_seconds(v) for k, v in pids.items()}
+                started = time.monotonic()
                 spy: list[subprocess.Popen[bytes]] = []
                 if a.py_spy and i == 0 and n == "seq_write":
                     os.makedirs(a.py_spy, exist_ok=True)
@@ -164,7 +175,11 @@ def main(argv: list[str] | None = None) -> int:
                     sp.send_signal(signal.SIGINT)
                     sp.wait(timeout=60)
                 after = {k: cpu_seconds(v) for k, v in pids.items()}
-                per = {k: round((after[k] - before[k]) / (moved[n] / GiB), 2) for k in pids}
+                took = time.monotonic() - started
+                gib = moved[n] / GiB
+                per = {
+                    k: round(max(0.0, after[k] - before[k] - idle[k] * took) / gib, 2) for k in pids
+                }
                 cpu[n].append(per)
                 figures["fs3"].setdefault(n, []).append(r[n])
                 say(f"run {i + 1} fs3 {n}: {r[n]:.1f} MiB/s; CPU s/GiB {per}")
