@@ -73,6 +73,7 @@ class _Inode:
     timer: asyncio.TimerHandle | None = None  # the age check of the open buffer
     flights: list[_Flight] = field(default_factory=list)
     sending: list[int] = field(default_factory=list)  # starts of buffers waiting for a slot
+    users: int = 0  # write()/settle() calls holding this state (it must not be dropped meanwhile)
 
     @property
     def busy(self) -> bool:
@@ -135,21 +136,31 @@ class WriteBehind:
             st = self._inodes[fh.inode] = _Inode(fh.inode)
         cs = fh.chunk_size or (1 << 20)
         n = len(data)
-        async with st.lock:
-            pos = 0
-            while pos < n:
-                o = offset + pos
-                if st.used and (st.owner is not fh or st.off + st.used != o):
-                    await self._send(st)
-                if st.buf is None or not st.used:
-                    self._open(st, fh, o, (o // cs + 1) * cs - o)
-                assert st.buf is not None
-                take = min(len(st.buf) - st.used, n - pos)
-                st.buf[st.used : st.used + take] = data[pos : pos + take]
-                st.used += take
-                pos += take
-                if st.used == len(st.buf):
-                    await self._send(st)
+        st.users += 1
+        try:
+            async with st.lock:
+                pos = 0
+                while pos < n:
+                    o = offset + pos
+                    if st.used and (st.owner is not fh or st.off + st.used != o):
+                        await self._send(st)
+                    if st.buf is None or not st.used:
+                        self._open(st, fh, o, (o // cs + 1) * cs - o)
+                    assert st.buf is not None
+                    take = min(len(st.buf) - st.used, n - pos)
+                    st.buf[st.used : st.used + take] = data[pos : pos + take]
+                    st.used += take
+                    pos += take
+                    if st.used == len(st.buf):
+                        await self._send(st)
+        finally:
+            st.users -= 1
+            self._maybe_drop(st)
+
+    def _maybe_drop(self, st: _Inode) -> None:
+        """Forget an inode's state once nothing is buffered, in flight or about to be."""
+        if not st.busy and not st.users and self._inodes.get(st.inode) is st:
+            del self._inodes[st.inode]
 
     def _open(self, st: _Inode, fh: FileHandle, offset: int, size: int) -> None:
         """Start a buffer of ``size`` bytes (to the chunk's end) at ``offset``."""
@@ -235,8 +246,7 @@ class WriteBehind:
         self._tasks.discard(task)
         with contextlib.suppress(ValueError):
             st.flights.remove(flight)
-        if not st.busy and not st.lock.locked() and self._inodes.get(st.inode) is st:
-            del self._inodes[st.inode]
+        self._maybe_drop(st)
         if not task.cancelled():
             task.exception()  # retrieved: failures were recorded by _run
 
@@ -255,8 +265,13 @@ class WriteBehind:
         task.add_done_callback(self._tasks.discard)
 
     async def _send_locked(self, st: _Inode) -> None:
-        async with st.lock:
-            await self._send(st)
+        st.users += 1
+        try:
+            async with st.lock:
+                await self._send(st)
+        finally:
+            st.users -= 1
+            self._maybe_drop(st)
 
     # ------------------------------------------------------------------ settling
 
@@ -270,16 +285,21 @@ class WriteBehind:
         def overlaps(s: int, e: int) -> bool:
             return end is None or (s < end and start < e)
 
-        # Under the lock: a buffer another task is sending (waiting for a slot) is in
-        # flight once the lock is free, so it is waited for below.
-        async with st.lock:
-            if st.used and overlaps(st.off, st.off + st.used):
-                await self._send(st)
-        while True:
-            tasks = [f.task for f in st.flights if overlaps(f.start, f.end)]
-            if not tasks:
-                return
-            await asyncio.wait(tasks)
+        st.users += 1
+        try:
+            # Under the lock: a buffer another task is sending (waiting for a slot) is in
+            # flight once the lock is free, so it is waited for below.
+            async with st.lock:
+                if st.used and overlaps(st.off, st.off + st.used):
+                    await self._send(st)
+            while True:
+                tasks = [f.task for f in st.flights if overlaps(f.start, f.end)]
+                if not tasks:
+                    return
+                await asyncio.wait(tasks)
+        finally:
+            st.users -= 1
+            self._maybe_drop(st)
 
     async def close(self) -> None:
         """Cancel timers; wait for every write in flight (call after the handles settled)."""

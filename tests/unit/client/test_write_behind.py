@@ -216,3 +216,30 @@ def test_settle_waits_for_a_buffer_that_waits_for_a_slot() -> None:
         await tr.close()
 
     asyncio.run(main())
+
+
+def test_state_is_kept_while_a_writer_waits_for_the_inode_lock() -> None:
+    """A landing write must not drop the inode's state between a lock release and the
+    next writer's wake-up: that writer's bytes would go to a state settle() cannot see."""
+
+    async def main() -> None:
+        tr = ShmClientTransport("c6")
+        store = Store()
+        h = _fh(1)
+        wb = _engine(store, tr, [h])
+        await wb.write(h, 0, memoryview(b"x" * 10))
+        await wb.settle(h.inode)
+        await wb.write(h, 10, memoryview(b"y" * 10))
+        st = wb._inodes[h.inode]
+        await st.lock.acquire()  # as a writer in the middle of sending would hold it
+        waiter = asyncio.ensure_future(wb.write(h, 20, memoryview(b"z" * 10)))
+        await asyncio.sleep(0)
+        st.used = 0  # pretend the buffer went out (not busy) ...
+        st.lock.release()
+        wb._maybe_drop(st)  # ... and a write landed right now, before the waiter runs
+        assert wb._inodes.get(h.inode) is st
+        await waiter
+        await wb.close()
+        await tr.close()
+
+    asyncio.run(main())
