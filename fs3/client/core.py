@@ -25,8 +25,10 @@ bridge's loop, or the FUSE daemon's). Errors are :class:`~fs3.errors.FsError`;
 Semantics (docs/architecture.md):
 
 * **Writes**: :meth:`write` returns after every piece is committed by its chain
-  (the head acks after the tail committed), unless ``behind=True`` (started in
-  the background; flush/fsync/release wait and raise a deferred failure). The
+  (the head acks after the tail committed), unless ``behind=True``: then the
+  client's one write-behind engine (:mod:`fs3.client.write_behind`, used by the
+  FUSE mount and the Python API alike) buffers and sends it in the background;
+  flush/fsync/release wait and raise a deferred failure. The
   file length lives in meta; a handle remembers the highest end offset it wrote
   and reports it as a length hint on :meth:`flush`/:meth:`fsync`/:meth:`release`
   and every ``length_report_interval_s`` for long writers. Hints never shrink a
@@ -65,6 +67,7 @@ from fs3.client.layout import Layout
 from fs3.client.meta_client import MetaClient, new_request_id
 from fs3.client.retry import RetryPolicy
 from fs3.client.storage_client import StorageClient
+from fs3.client.write_behind import WriteBehind
 from fs3.errors import Code, FsError, posix
 from fs3.proto import common_pb2, meta_pb2
 from fs3.routing import Routing, RoutingWatcher
@@ -207,8 +210,9 @@ class FileHandle:
     last_report: float = field(default_factory=time.monotonic)
     known_length: int = 0
     closed: bool = False
-    pending: list[_PendingWrite] = field(default_factory=list)
-    error: FsError | None = None
+    error: FsError | None = (
+        None  # a write-behind failure, raised by the next write/flush/fsync/close
+    )
     write_mtime_ns: int = 0  # wall clock of the last write not yet reported to meta
     readahead: bool = False  # prefetch ahead of sequential reads (see AsyncClient.readinto)
     ra: list[_Prefetch] = field(default_factory=list)
@@ -230,15 +234,6 @@ class _CachedDir:
 
     expires: float
     attr: meta_pb2.Attr
-
-
-@dataclass(eq=False)
-class _PendingWrite:
-    """A write-behind write in flight: its file range and task."""
-
-    start: int
-    end: int
-    task: asyncio.Task[int]
 
 
 @dataclass(eq=False)
@@ -336,6 +331,14 @@ class AsyncClient:
         # before they expire, so storage I/O of every path (Python API, FUSE, USRBIO) has one.
         self.capabilities = CapabilityCache(self._fetch_capability)
         self.storage.caps = self.capabilities
+        #: the one write-behind engine (write(behind=True)); the FUSE mount sets its depth
+        self.write_behind = WriteBehind(
+            self._storage_write,
+            transport,
+            self._write_failed,
+            depth=c.io_depth,
+            max_age_s=config.fuse.write_buffer_age_s,
+        )
         self._fh_ids = itertools.count(1)
         self._handles: dict[int, FileHandle] = {}
         self._reporter: asyncio.Task[None] | None = None
@@ -447,6 +450,7 @@ class AsyncClient:
         for h in list(self._handles.values()):
             with contextlib.suppress(FsError):
                 await self.release(h)
+        await self.write_behind.close()  # buffered data first: its handles' sessions close after
         await self.flush_closes()
         if self._reporter is not None:
             self._reporter.cancel()
@@ -1059,7 +1063,7 @@ class AsyncClient:
 
     def _prefetch(self, fh: FileHandle, start: int, length: int) -> None:
         """Start read-ahead windows (chunk-aligned) covering the next ``readahead_chunks`` chunks."""
-        if any(h.pending for h in self._handles_of(fh.inode)):
+        if self.write_behind.busy(fh.inode):
             return  # a window could read bytes a write in flight is replacing
         cs = fh.chunk_size
         limit = min(length, start + self.config.client.readahead_chunks * cs)
@@ -1094,12 +1098,12 @@ class AsyncClient:
         """Write ``data`` at ``offset``.
 
         ``behind=False``: returns after every chunk piece is committed on its chain.
-        ``behind=True`` (write-behind, like a page cache): copies ``data`` and
-        returns once the write is *started*; up to ``io_depth`` such writes per
-        handle run in parallel (overlapping ranges stay in order). Reads,
-        truncates, flush, fsync and release wait for them; a failure is raised
-        by the next write/flush/fsync/release of the handle (like a deferred
-        writeback error).
+        ``behind=True`` (write-behind, like a page cache): copies ``data`` into the
+        write-behind engine's staging buffer (:mod:`fs3.client.write_behind`) and
+        returns; the engine sends it in the background (overlapping ranges stay in
+        order). Reads, truncates, flush, fsync and release wait for it; a failure
+        is raised by the next write/flush/fsync/release of the handle (like a
+        deferred writeback error).
         """
         self._check_open(fh)
         if not fh.writable:
@@ -1115,23 +1119,18 @@ class AsyncClient:
             raise posix(_errno.EFBIG)
         end = offset + n
         self._raise_deferred(fh)
-        await self._wait_inode(fh.inode, offset, end)  # keep overlapping writes in order
         if not behind:
+            await self._wait_inode(fh.inode, offset, end)  # keep overlapping writes in order
             await self.storage.write(fh.inode, fh.chains, fh.chunk_size, offset, data)
             self._written(fh, end)
             return n
-        payload = bytes(data)  # the caller may reuse its buffer once we return
-        while len(fh.pending) >= self.storage.io_depth:
-            await asyncio.wait([p.task for p in fh.pending], return_when=asyncio.FIRST_COMPLETED)
-        self._raise_deferred(fh)
-        task = asyncio.create_task(
-            self.storage.write(fh.inode, fh.chains, fh.chunk_size, offset, payload)
-        )
-        pw = _PendingWrite(offset, end, task)
-        fh.pending.append(pw)
-        task.add_done_callback(lambda t: self._write_done(fh, pw, t))
+        await self.write_behind.write(fh, offset, memoryview(data).cast("B"))
         self._written(fh, end)
         return n
+
+    async def _storage_write(self, fh: FileHandle, offset: int, data: memoryview) -> int:
+        """The write-behind engine's way to storage (committed on every replica on return)."""
+        return await self.storage.write(fh.inode, fh.chains, fh.chunk_size, offset, data)
 
     def _written(self, fh: FileHandle, end: int) -> None:
         for h in self._handles_of(fh.inode):
@@ -1143,23 +1142,12 @@ class AsyncClient:
         fh.dirty = True
         fh.write_mtime_ns = time.time_ns()
 
-    def _write_done(self, fh: FileHandle, pw: _PendingWrite, t: asyncio.Task[int]) -> None:
-        with contextlib.suppress(ValueError):
-            fh.pending.remove(pw)
-        if fh.error is not None:
-            return
-        if t.cancelled():
-            fh.error = FsError(
-                Code.CANCELLED, f"write of inode {fh.inode} at {pw.start} was cancelled"
-            )
-            return
-        exc = t.exception()
-        if isinstance(exc, FsError):
-            fh.error = exc
-        elif exc is not None:
-            fh.error = FsError(
-                Code.INTERNAL, f"write of inode {fh.inode} at {pw.start} failed: {exc!r}"
-            )
+    def _write_failed(self, fh: FileHandle, err: FsError) -> None:
+        """A write-behind write of ``fh`` failed: every writable handle of the inode reports
+        it (its next write/flush/fsync/close), as the kernel reports writeback errors."""
+        for h in {fh, *self._handles_of(fh.inode)}:
+            if h.writable and h.error is None:
+                h.error = err
 
     def _raise_deferred(self, fh: FileHandle) -> None:
         err, fh.error = fh.error, None
@@ -1167,22 +1155,12 @@ class AsyncClient:
             raise err
 
     async def _wait_inode(self, inode: int, start: int = 0, end: int | None = None) -> None:
-        """Wait for write-behind writes to ``inode`` overlapping [start, end) (all if end is None)."""
-        while True:
-            tasks = [
-                p.task
-                for h in self._handles_of(inode)
-                for p in h.pending
-                if end is None or (p.start < end and start < p.end)
-            ]
-            if not tasks:
-                return
-            await asyncio.wait(tasks)
+        """Settle write-behind writes to ``inode`` overlapping [start, end) (all if end is None)."""
+        await self.write_behind.settle(inode, start, end)
 
     async def drain(self, fh: FileHandle) -> None:
-        """Wait until every write-behind write of ``fh`` finished; raise the first failure."""
-        if fh.pending:
-            await asyncio.wait([p.task for p in fh.pending])
+        """Wait until every write-behind write of ``fh``'s inode finished; raise a failure."""
+        await self.write_behind.settle(fh.inode)
         self._raise_deferred(fh)
 
     async def flush(self, fh: FileHandle) -> None:
@@ -1518,8 +1496,9 @@ class AsyncClient:
         # would see zeros there): with writes pending, report only up to the
         # first pending byte.
         end = fh.written_end
-        if fh.pending:
-            end = min(end, min(p.start for p in fh.pending))
+        first = self.write_behind.unsettled_from(fh.inode)
+        if first is not None:
+            end = min(end, first)
         if end:
             req.has_length_hint = True
             req.length_hint = end
@@ -1565,7 +1544,7 @@ class AsyncClient:
 
     def _quiet(self, fh: FileHandle) -> bool:
         """True if closing ``fh`` has nothing to tell meta but the end of its session."""
-        if fh.pending or fh.error is not None:
+        if self.write_behind.busy(fh.inode) or fh.error is not None:
             return False
         probe = meta_pb2.CloseRequest()
         self._hint(fh, probe)

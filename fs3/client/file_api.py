@@ -830,7 +830,7 @@ class RawFile(io.RawIOBase):
         """Wait for write-behind writes (their failures surface here)."""
         if self.closed or self._client._closed:
             return
-        if self._h.pending or self._h.error is not None:
+        if self._client.core.write_behind.busy(self._h.inode) or self._h.error is not None:
             self._run(self._client.core.drain(self._h))
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
