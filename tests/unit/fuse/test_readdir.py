@@ -16,6 +16,7 @@ import os
 import stat
 import tracemalloc
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import pyfuse3
@@ -51,6 +52,8 @@ class FakeClient:
         self.calls: dict[str, int] = {}
         self.dir_attrs: dict[int, Any] = {}
         self.max_page = 0
+        # the mount sets the depth of the client's write-behind engine; listings never use it
+        self.write_behind = SimpleNamespace(depth=1)
 
     def _count(self, what: str) -> None:
         self.calls[what] = self.calls.get(what, 0) + 1
