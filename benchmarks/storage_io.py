@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
 """Storage I/O benchmark: the chunk path with 3 replicas on one host, per transport.
 
-For each transport (grpc, tcp, shm) it starts one ``fs3 mgmtd`` and three
+For each transport (auto, grpc, shm; tcp is an alias of grpc) it starts one ``fs3 mgmtd`` and three
 ``fs3 storage`` processes (fsync on, one target each, one 3-replica chain),
-then through :class:`fs3.storage.direct_client.DirectStorageClient`:
+then through :class:`fs3.client.chunk_client.ChunkClient` (the production storage client, chunk by chunk):
 
 - sequential write of SIZE in 1 MiB requests (1 MiB chunks, ``--depth`` in flight),
 - sequential read of the same data in 1 MiB requests,
 - random 4 KiB reads for ``--rand-seconds``,
 
-For shm the buffers are slices of one registered shared-memory region, as with
-USRBIO Iovs (the zero-copy path); other transports use ordinary buffers. And,
+For shm and auto the buffers are slices of one registered shared-memory region,
+as with USRBIO Iovs (the zero-copy path); grpc uses ordinary buffers (over the
+native RPC its bytes are the frame's payload, received straight into them). And,
 in the same run on the same disk, the direct baseline with os.pwrite
 (+ fdatasync per 1 MiB, the durability the storage path gives) and os.pread.
 Reads are page-cache warm on both sides (no cache dropping: other work shares
@@ -19,7 +20,7 @@ this host). Prints MB/s, IOPS and the ratio to the direct figures.
 With ``--runs N`` everything (direct baseline included) runs N times and the
 median of each figure is reported (the host may be shared: medians are steadier).
 
-Usage: python benchmarks/storage_io.py [--size-mb 1024] [--transports grpc,tcp,shm]
+Usage: python benchmarks/storage_io.py [--size-mb 1024] [--transports auto,grpc,shm]
        [--depth 8] [--rand-seconds 10] [--runs 1] [--dir /tmp] [--json]
 """
 
@@ -37,10 +38,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from fs3.client.chunk_client import ChunkClient
 from fs3.client.mgmtd_client import MgmtdClient
 from fs3.errors import Code, FsError
 from fs3.routing import SERVING, Routing
-from fs3.storage.direct_client import DirectStorageClient
 from fs3.testing.procs import MiniCluster
 from fs3.transport import ShmRegion
 
@@ -112,7 +113,7 @@ async def bench_transport(
         admin = MgmtdClient.from_cluster_file(
             str(mc.cluster_file), timeout_s=5.0, retry_deadline_s=30.0
         )
-        cl = DirectStorageClient(admin, transport, retry_deadline_s=60.0, rpc_timeout_s=60.0)
+        cl = ChunkClient(admin, transport, retry_deadline_s=60.0, rpc_timeout_s=60.0)
         region: ShmRegion | None = None
         try:
             r = await wait_serving(admin)
@@ -120,7 +121,7 @@ async def bench_transport(
             await cl.refresh()
             n = size // MiB
             sem = asyncio.Semaphore(depth)
-            if transport == "shm":  # USRBIO-style: every buffer lives in one registered region
+            if transport in ("shm", "auto"):  # USRBIO-style: every buffer in one registered region
                 region = ShmRegion.create((1 + 2 * depth) * MiB, prefix="fs3-bench")
                 await cl.transport.register_region(region)
                 slices = [region.buf[i * MiB : (i + 1) * MiB] for i in range(1 + 2 * depth)]
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--size-mb", type=int, default=1024)
-    ap.add_argument("--transports", default="grpc,tcp,shm")
+    ap.add_argument("--transports", default="auto,grpc,shm")
     ap.add_argument("--depth", type=int, default=8)
     ap.add_argument("--rand-seconds", type=float, default=10.0)
     ap.add_argument("--runs", type=int, default=1, help="repeat everything; report medians")

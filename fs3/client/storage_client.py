@@ -39,7 +39,7 @@ import itertools
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import crc32c
 
@@ -93,6 +93,8 @@ _TRY_OTHER_REPLICA = frozenset(
 )
 
 MAX_CHANNELS = 65535
+
+_T = TypeVar("_T")
 
 # bytes asked for per batch: an answer's bulk payload stays far below the native
 # transport's payload limit ([rpc] max_payload_bytes, 64 MiB by default)
@@ -468,8 +470,8 @@ class StorageClient:
         # Reads travel on one ReadStream per node (NodeReadStream); BatchRead is the
         # fallback for servers without it (and for use_read_streams=False).
         self.use_read_streams = use_read_streams
-        # chunk bytes as the native frame's payload (not for shm: one-sided is cheaper)
-        self._frames = pool.carries_payload and transport.kind != "shm"
+        # reads in flight from this client per target (the least-loaded replica serves a read)
+        self._target_load: dict[int, int] = {}
         self._streams: dict[str, NodeReadStream] = {}
         self._no_stream: set[str] = set()
         self.stats = {
@@ -488,6 +490,10 @@ class StorageClient:
             s = storage_pb2_grpc.StorageServiceStub(self._pool.get(address))  # type: ignore[no-untyped-call]
             self._stubs[address] = s
         return s
+
+    def stub(self, address: str) -> storage_pb2_grpc.StorageServiceStub:
+        """The StorageService stub of the node at ``address`` (tools, tests: raw calls)."""
+        return self._stub(address)
 
     def _batcher(self, address: str) -> ReadBatcher:
         """The read batcher of one storage node (reads to it in one loop turn share an RPC)."""
@@ -581,6 +587,12 @@ class StorageClient:
             except FsError as e:
                 log.debug("routing refresh failed: %s", e)
 
+    async def _retry(self, attempt: Callable[[int], Awaitable[_T]], what: str) -> _T:
+        """``attempt`` under the retry policy, refreshing routing after routing errors."""
+        return await retrying(
+            _routing_lag_retried(attempt), self._policy, what=what, on_error=self._on_error
+        )
+
     def _timeout(self, deadline: Deadline) -> float:
         return max(0.05, min(self._policy.rpc_timeout_s, deadline.remaining()))
 
@@ -647,7 +659,7 @@ class StorageClient:
 
     async def _write_piece(
         self, inode: int, chunk_size: int, p: ChunkPiece, data: memoryview
-    ) -> None:
+    ) -> storage_pb2.IOResult:
         checksum = crc32c.crc32c(data)
         channel, seq = await self._channels.acquire()
         tag = self._tag(channel, seq)
@@ -659,7 +671,7 @@ class StorageClient:
                     self.stats["write_retries"] += 1
                 head, node, version = self._head(self._routing(), p.chain_id)
                 bulk: memoryview | None = None
-                if self._frames:
+                if self._pool.carries_payload and not self.transport.one_sided(node.address, data):
                     bulk, ref, sent = data, frame_ref(len(data)), DONE
                 else:
                     ref, sent = await self.transport.write_ref(
@@ -704,14 +716,30 @@ class StorageClient:
                     )
                 return resp
 
-            await retrying(
-                attempt,
-                self._policy,
-                what=f"write chunk {inode}:{p.index}",
-                on_error=self._on_error,
-            )
+            resp = await self._retry(attempt, f"write chunk {inode}:{p.index}")
+            return resp.result
         finally:
             await self._channels.release(channel)
+
+    async def write_chunk(
+        self,
+        inode: int,
+        chain_id: int,
+        index: int,
+        chunk_size: int,
+        offset: int,
+        data: memoryview | bytes | bytearray,
+    ) -> storage_pb2.IOResult:
+        """Chunk-level write (tools, tests): ``data`` at ``offset`` of chunk ``index``.
+
+        The same path as :meth:`write`; returns the head's result (commit
+        version, chunk length and checksum after the write).
+        """
+        mv = memoryview(data).cast("B")
+        p = ChunkPiece(
+            index, chain_id, offset, len(mv), buf_offset=0, file_offset=0
+        )  # no file here
+        return await self._write_piece(inode, chunk_size, p, mv)
 
     # ------------------------------------------------------------------ read
 
@@ -739,41 +767,107 @@ class StorageClient:
         )
         return n
 
-    async def _read_piece(self, inode: int, p: ChunkPiece, dest: memoryview) -> None:
+    async def _read_piece(
+        self,
+        inode: int,
+        p: ChunkPiece,
+        dest: memoryview,
+        *,
+        target_id: int = 0,
+        holes: bool = True,
+    ) -> storage_pb2.ReadResult:
+        """Read one chunk piece into ``dest``, retrying on another replica when one fails.
+
+        The replica is the least-loaded serving one (fewest of this client's
+        reads in flight to it, ties broken at random), so a sequential reader
+        with read-ahead keeps every replica's disk busy instead of queueing on
+        one. ``target_id`` pins the replica (chunk-level callers comparing
+        replicas); then a replica-level failure is raised, not retried
+        elsewhere. With ``holes`` a missing chunk or short chunk reads as zeros
+        (file semantics); without, ``CHUNK_NOT_FOUND`` is raised and the result
+        says how many bytes the chunk had.
+        """
         deadline = Deadline(self._policy.deadline_s)
         bad: set[int] = set()  # replicas that failed this piece
 
-        async def attempt(n: int) -> None:
+        async def attempt(n: int) -> storage_pb2.ReadResult:
             if n > 1:
                 self.stats["read_retries"] += 1
             routing = self._routing()
             with _stale_routing_is_retryable():
                 chain = routing.chain(p.chain_id)
-                serving = routing.serving_targets(p.chain_id)
-                if not serving:
-                    raise FsError(
-                        Code.TARGET_NOT_SERVING,
-                        f"chain {p.chain_id} has no serving target",
-                        retryable=True,
-                    )
-                candidates = [t for t in serving if t not in bad] or serving
-                if len(candidates) == len(serving) and bad:
-                    bad.clear()  # every replica failed once: start over
-                target = self._rng.choice(candidates)
+                if target_id:
+                    target = target_id
+                else:
+                    serving = routing.serving_targets(p.chain_id)
+                    if not serving:
+                        raise FsError(
+                            Code.TARGET_NOT_SERVING,
+                            f"chain {p.chain_id} has no serving target",
+                            retryable=True,
+                        )
+                    candidates = [t for t in serving if t not in bad] or serving
+                    if len(candidates) == len(serving) and bad:
+                        bad.clear()  # every replica failed once: start over
+                    target = self._least_loaded(candidates)
                 node = routing.node_of_target(target)
+            load = self._target_load
+            load[target] = load.get(target, 0) + 1
             try:
-                await self._read_once(inode, p, dest, node, target, int(chain.version), deadline)
+                return await self._read_once(
+                    inode, p, dest, node, target, int(chain.version), deadline, holes
+                )
             except FsError as e:
+                if target_id:
+                    if e.code == Code.CHECKSUM_MISMATCH:  # the pinned replica is bad: say so
+                        raise FsError(e.code, e.message, errno=e.errno) from e
+                    raise
                 if e.code in _TRY_OTHER_REPLICA:
                     bad.add(target)
                     if e.code == Code.CHECKSUM_MISMATCH or e.code == Code.INTERNAL:
                         # Another replica may be fine: retry at once (still bounded by the deadline).
                         raise FsError(e.code, e.message, errno=e.errno, retryable=True) from e
                 raise
+            finally:
+                left = load[target] - 1
+                if left:
+                    load[target] = left
+                else:
+                    del load[target]
 
-        await retrying(
-            attempt, self._policy, what=f"read chunk {inode}:{p.index}", on_error=self._on_error
-        )
+        return await self._retry(attempt, f"read chunk {inode}:{p.index}")
+
+    def _least_loaded(self, candidates: Sequence[int]) -> int:
+        """The candidate with the fewest reads in flight from this client (random among equals)."""
+        if len(candidates) == 1:
+            return candidates[0]
+        load = self._target_load
+        low = min(load.get(t, 0) for t in candidates)
+        best = [t for t in candidates if load.get(t, 0) == low]
+        return best[0] if len(best) == 1 else self._rng.choice(best)
+
+    async def read_chunk(
+        self,
+        inode: int,
+        chain_id: int,
+        index: int,
+        offset: int,
+        dest: memoryview | bytearray,
+        *,
+        target_id: int = 0,
+    ) -> storage_pb2.ReadResult:
+        """Chunk-level read: committed bytes of chunk ``index`` from ``offset`` into ``dest``.
+
+        For tools and tests that address chunks, not files: the same batching,
+        transport and retries as :meth:`read`, but a missing chunk raises
+        ``CHUNK_NOT_FOUND`` and a short chunk is not zero-filled (the result's
+        ``length`` says how many bytes came). ``target_id`` pins the replica.
+        """
+        mv = memoryview(dest).cast("B")
+        p = ChunkPiece(
+            index, chain_id, offset, len(mv), buf_offset=0, file_offset=0
+        )  # no file here
+        return await self._read_piece(inode, p, mv, target_id=target_id, holes=False)
 
     async def _read_once(
         self,
@@ -784,8 +878,12 @@ class StorageClient:
         target: int,
         version: int,
         deadline: Deadline,
-    ) -> None:
-        frame = self._frames
+        holes: bool = True,
+    ) -> storage_pb2.ReadResult:
+        # the bytes travel one-sided (shm: the server writes dest itself) when the
+        # transport can for this node and buffer, else as the frame's payload
+        # received straight into dest (native RPC), else inline (gRPC)
+        frame = self._pool.carries_payload and not self.transport.one_sided(node.address, dest)
         complete: ReadCompletion = _noop_complete
         if frame:
             ref = frame_ref(len(dest))
@@ -805,9 +903,9 @@ class StorageClient:
             io, self._timeout(deadline), dest if frame else None
         )
         if r.error.code:
-            if r.error.code == Code.CHUNK_NOT_FOUND:
+            if r.error.code == Code.CHUNK_NOT_FOUND and holes:
                 dest[:] = bytes(len(dest))  # a hole
-                return
+                return r
             raise FsError(
                 r.error.code,
                 r.error.message,
@@ -836,8 +934,9 @@ class StorageClient:
                 f"chunk {inode}:{p.index} from target {target}: checksum mismatch",
                 retryable=True,
             )
-        if got < len(dest):
+        if got < len(dest) and holes:
             dest[got:] = bytes(len(dest) - got)  # short chunk: the rest is a hole
+        return r
 
     # ------------------------------------------------------------------ truncate / remove
 
@@ -916,6 +1015,21 @@ class StorageClient:
             ]
         )
 
+    async def truncate_chunk(
+        self,
+        inode: int,
+        chain_id: int,
+        index: int,
+        length: int,
+        chunk_size: int,
+        *,
+        only_extend: bool = False,
+    ) -> None:
+        """Chunk-level truncate (``only_extend``: zero-extend, never shrink) on every replica."""
+        await self._truncate_chunk(
+            inode, chain_id, chunk_size, index, length, only_extend=only_extend
+        )
+
     async def _remove_on_chain(self, inode: int, chain_id: int, begin: int, end: int = 0) -> int:
         total = 0
         while True:
@@ -951,21 +1065,10 @@ class StorageClient:
                     what=f"storage.RemoveChunks@{node.address}",
                 )
                 r = resp.results[0]
-                if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
-                    raise FsError(
-                        r.error.code,
-                        r.error.message,
-                        errno=r.error.errno or None,
-                        retryable=r.error.retryable,
-                    )
+                _raise_unless_done(r.error)
                 return int(r.removed), bool(r.more)
 
-            return await retrying(
-                attempt,
-                self._policy,
-                what=f"remove chunks {inode} on chain {chain_id}",
-                on_error=self._on_error,
-            )
+            return await self._retry(attempt, f"remove chunks {inode} on chain {chain_id}")
         finally:
             await self._channels.release(channel)
 
@@ -1006,24 +1109,50 @@ class StorageClient:
                     what=f"storage.TruncateChunks@{node.address}",
                 )
                 r = resp.results[0]
-                if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
-                    raise FsError(
-                        r.error.code,
-                        r.error.message,
-                        errno=r.error.errno or None,
-                        retryable=r.error.retryable,
-                    )
+                _raise_unless_done(r.error)
 
-            await retrying(
-                attempt,
-                self._policy,
-                what=f"truncate chunk {inode}:{index}",
-                on_error=self._on_error,
-            )
+            await self._retry(attempt, f"truncate chunk {inode}:{index}")
         finally:
             await self._channels.release(channel)
 
     # ------------------------------------------------------------------ length
+
+    async def query_last_chunk(self, inode: int, chain_id: int) -> storage_pb2.QueryLastChunkResult:
+        """The last chunk of ``inode`` on one chain, as the chain's tail sees it (committed data)."""
+        deadline = Deadline(self._policy.deadline_s)
+
+        async def attempt(_n: int) -> storage_pb2.QueryLastChunkResult:
+            routing = self._routing()
+            with _stale_routing_is_retryable():
+                chain = routing.chain(chain_id)
+                serving = routing.serving_targets(chain_id)
+                if not serving:
+                    raise FsError(
+                        Code.TARGET_NOT_SERVING,
+                        f"chain {chain_id} has no serving target",
+                        retryable=True,
+                    )
+                node = routing.node_of_target(serving[-1])  # the tail holds only committed data
+            req = storage_pb2.QueryLastChunkRequest(
+                ops=[
+                    storage_pb2.QueryLastChunkOp(
+                        chain_id=chain_id,
+                        chain_version=int(chain.version),
+                        range=storage_pb2.ChunkRange(inode=inode, begin=0, end=0),
+                    )
+                ]
+            )
+            resp = await call(
+                self._stub(node.address).QueryLastChunk,
+                req,
+                timeout=self._timeout(deadline),
+                what=f"storage.QueryLastChunk@{node.address}",
+            )
+            r = resp.results[0]
+            _raise_unless_done(r.error)
+            return r
+
+        return await self._retry(attempt, f"query length {inode} on chain {chain_id}")
 
     async def query_length(self, inode: int, chains: Sequence[int], chunk_size: int) -> int:
         """File length as storage sees it: max over chains of last chunk end.
@@ -1032,56 +1161,24 @@ class StorageClient:
         """
 
         async def one(chain_id: int) -> int:
-            deadline = Deadline(self._policy.deadline_s)
-
-            async def attempt(_n: int) -> int:
-                routing = self._routing()
-                with _stale_routing_is_retryable():
-                    chain = routing.chain(chain_id)
-                    serving = routing.serving_targets(chain_id)
-                    if not serving:
-                        raise FsError(
-                            Code.TARGET_NOT_SERVING,
-                            f"chain {chain_id} has no serving target",
-                            retryable=True,
-                        )
-                    node = routing.node_of_target(serving[-1])  # the tail holds only committed data
-                req = storage_pb2.QueryLastChunkRequest(
-                    ops=[
-                        storage_pb2.QueryLastChunkOp(
-                            chain_id=chain_id,
-                            chain_version=int(chain.version),
-                            range=storage_pb2.ChunkRange(inode=inode, begin=0, end=0),
-                        )
-                    ]
-                )
-                resp = await call(
-                    self._stub(node.address).QueryLastChunk,
-                    req,
-                    timeout=self._timeout(deadline),
-                    what=f"storage.QueryLastChunk@{node.address}",
-                )
-                r = resp.results[0]
-                if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
-                    raise FsError(
-                        r.error.code,
-                        r.error.message,
-                        errno=r.error.errno or None,
-                        retryable=r.error.retryable,
-                    )
-                if not r.found:
-                    return 0
-                return int(r.last_index) * chunk_size + int(r.last_length)
-
-            return await retrying(
-                attempt,
-                self._policy,
-                what=f"query length {inode} on chain {chain_id}",
-                on_error=self._on_error,
-            )
+            r = await self.query_last_chunk(inode, chain_id)
+            if not r.found:
+                return 0
+            return int(r.last_index) * chunk_size + int(r.last_length)
 
         lengths = await self._bounded([one(c) for c in dict.fromkeys(chains)])
         return max(lengths, default=0)
+
+    async def list_chunks(self, target_id: int) -> list[storage_pb2.ChunkMeta]:
+        """Every chunk's metadata on one target (tools and tests comparing replicas)."""
+        node = self._routing().node_of_target(target_id)
+        resp = await call(
+            self._stub(node.address).ListChunks,
+            storage_pb2.ListChunksRequest(target_id=target_id),
+            timeout=self._policy.rpc_timeout_s,
+            what=f"storage.ListChunks@{node.address}",
+        )
+        return list(resp.metas)
 
 
 def _frame_bytes(
@@ -1097,6 +1194,12 @@ def _frame_bytes(
     )
 
 
+def _raise_unless_done(err: Any) -> None:
+    """Raise one op's error from a storage answer; a missing chunk counts as done."""
+    if err.code and err.code != Code.CHUNK_NOT_FOUND:
+        raise FsError(err.code, err.message, errno=err.errno or None, retryable=err.retryable)
+
+
 @contextlib.contextmanager
 def _stale_routing_is_retryable() -> Iterator[None]:
     """A chain/target/node missing from *our* routing means it is stale: refresh and retry."""
@@ -1109,6 +1212,24 @@ def _stale_routing_is_retryable() -> Iterator[None]:
         ):
             raise FsError(e.code, e.message, retryable=True) from None
         raise
+
+
+def _routing_lag_retried(
+    attempt: Callable[[int], Awaitable[_T]],
+) -> Callable[[int], Awaitable[_T]]:
+    """``attempt`` with UNKNOWN_CHAIN/TARGET/NODE made retryable, ours or the server's.
+
+    A storage node refuses a chain it does not know yet when its routing lags
+    the client's (a chain table just created, a target just moved); like a
+    chain version mismatch that clears once routing settles, so it is retried
+    (after a refresh, :data:`_ROUTING_ERRORS`) until the deadline.
+    """
+
+    async def run(n: int) -> _T:
+        with _stale_routing_is_retryable():
+            return await attempt(n)
+
+    return run
 
 
 async def _settle(sent: Awaitable[None]) -> None:

@@ -384,6 +384,9 @@ class ShmClientTransport(ClientTransport):
         self._closed = False
         self._bg: set[asyncio.Task[None]] = set()
 
+    def one_sided(self, node_address: str, buf: memoryview) -> bool:
+        return True  # every buffer: in place, or staged into an arena
+
     @property
     def regions(self) -> list[ShmRegion]:
         """Regions usable in place: registered ones plus staging arenas."""

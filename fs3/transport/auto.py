@@ -1,0 +1,111 @@
+"""The ``auto`` transport (the default): one-sided shm where it can be, the RPC's own path elsewhere.
+
+A USRBIO Iov is a shared-memory region; when the storage node runs on the same
+host, the node can map it and ``preadv`` a chunk straight into the application's
+buffer (no socket, no Python copy: :mod:`fs3.transport.shm`). Across hosts the
+region is of no use to the node; there the bytes ride the native RPC frame as
+its bulk payload, which the client's buffered receive scatters straight into the
+same buffer (:mod:`fs3.rpc.native.wire`). ``auto`` picks per I/O:
+
+* the node is on this host (its Unix socket is reachable, the test the native
+  RPC client uses to prefer it: :mod:`fs3.rpc.native.endpoints`) **and** the
+  buffer lies inside a registered region (Iovs, registered by the USRBIO agent
+  through :meth:`register_region`) -> shm;
+* anything else -> the storage client sends a ``frame`` ref (native RPC), or,
+  over gRPC, the bytes inline. A buffer outside every region is never staged:
+  copying it into shm would cost the copy the frame receive avoids.
+
+A node that looked local but refuses the registration (e.g. another PID
+namespace, so it cannot check the owner process) is remembered as remote and
+the I/O is retried on the frame path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from fs3.errors import Code, FsError
+from fs3.proto import transport_pb2
+from fs3.rpc import settings
+from fs3.rpc.native import endpoints
+from fs3.transport.base import DONE, ReadCompletion, _noop_complete, inline_read_ref
+from fs3.transport.region import ShmRegion
+from fs3.transport.shm import ShmClientTransport, is_region_error
+
+
+def same_host(node_address: str) -> bool:
+    """True if the server advertising ``node_address`` shares this host (and network namespace)."""
+    rpc = settings.current()
+    return bool(rpc.unix_sockets) and endpoints.exists(
+        endpoints.uds_path(node_address, rpc.socket_dir)
+    )
+
+
+class AutoClientTransport(ShmClientTransport):
+    """shm for registered regions on same-host nodes; the RPC's own bytes otherwise.
+
+    ``is_local`` decides whether a node shares this host (default :func:`same_host`,
+    asked once per node until :meth:`forget_node`); tests pass their own.
+    """
+
+    kind = "auto"
+
+    def __init__(
+        self,
+        client_id: str,
+        *,
+        is_local: Callable[[str], bool] = same_host,
+        **kwargs: object,
+    ) -> None:
+        super().__init__(client_id, **kwargs)  # type: ignore[arg-type]
+        self._is_local = is_local
+        self._local: dict[str, bool] = {}
+        self.stats = {"one_sided": 0, "fallback": 0}
+
+    def node_is_local(self, node_address: str) -> bool:
+        local = self._local.get(node_address)
+        if local is None:
+            local = self._local[node_address] = bool(self._is_local(node_address))
+        return local
+
+    def one_sided(self, node_address: str, buf: memoryview) -> bool:
+        if not self._regions or not self.node_is_local(node_address):
+            return False
+        if self._locate(memoryview(buf)) is None:
+            return False
+        self.stats["one_sided"] += 1
+        return True
+
+    def forget_node(self, node_address: str) -> None:
+        super().forget_node(node_address)
+        self._local.pop(node_address, None)
+
+    async def _ensure_registered(self, node: str, region: ShmRegion) -> None:
+        try:
+            await super()._ensure_registered(node, region)
+        except FsError as e:
+            if e.code != Code.INVALID_ARGUMENT or is_region_error(e):
+                raise
+            # the node cannot map our memory (not really this host): frames from now on
+            self._local[node] = False
+            self.stats["fallback"] += 1
+            raise FsError(
+                Code.TRANSPORT,
+                f"node {node} cannot map this process's shared memory ({e.message}); "
+                "using the RPC's own payload path",
+                retryable=True,
+            ) from e
+
+    async def write_ref(
+        self, node_address: str, data_address: str, data: memoryview
+    ) -> tuple[transport_pb2.DataRef, Awaitable[None]]:
+        if self.one_sided(node_address, data):
+            return await super().write_ref(node_address, data_address, data)
+        return transport_pb2.DataRef(inline=bytes(data)), DONE  # gRPC RPCs only
+
+    async def read_ref(
+        self, node_address: str, data_address: str, dest: memoryview
+    ) -> tuple[transport_pb2.DataRef, ReadCompletion]:
+        if self.one_sided(node_address, dest):
+            return await super().read_ref(node_address, data_address, dest)
+        return inline_read_ref(), _noop_complete  # gRPC RPCs only
