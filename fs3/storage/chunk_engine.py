@@ -211,14 +211,18 @@ class ChunkEngine(abc.ABC):
         """Drop the staged update of ``key`` (if any) and its private file."""
 
     @abc.abstractmethod
-    def read(self, key: ChunkKey, offset: int, length: int) -> tuple[ChunkMeta, bytes]:
+    def read(
+        self, key: ChunkKey, offset: int, length: int, *, nowait: bool = False
+    ) -> tuple[ChunkMeta, bytes]:
         """Read committed bytes [offset, offset+length) (short past the end), verified.
 
-        Raises CHUNK_NOT_FOUND or CHECKSUM_MISMATCH.
+        Raises CHUNK_NOT_FOUND or CHECKSUM_MISMATCH. ``nowait``: raise
+        ``BlockingIOError`` instead of waiting for the disk (the event loop calls
+        with it; an engine that cannot tell may simply always raise it).
         """
 
     def read_into(
-        self, key: ChunkKey, offset: int, length: int, dest: memoryview
+        self, key: ChunkKey, offset: int, length: int, dest: memoryview, *, nowait: bool = False
     ) -> tuple[ChunkMeta, int] | None:
         """Like :meth:`read` but straight into ``dest``; None if this engine/range cannot (use read)."""
         return None
@@ -251,6 +255,34 @@ def _unpack_crcs(blob: bytes) -> tuple[int, ...]:
 def _block_crcs(data: bytes | bytearray | memoryview, block: int) -> bytes:
     mv = memoryview(data)
     return _pack_crcs(crc32c(mv[i : i + block]) for i in range(0, len(mv), block))
+
+
+_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+
+
+def _preadv_nowait(fd: int, view: memoryview, offset: int) -> int:
+    """``preadv(RWF_NOWAIT)``: bytes already in the page cache, or ``BlockingIOError``.
+
+    A short answer (part of the range cached) and a file system without
+    ``RWF_NOWAIT`` also raise ``BlockingIOError``: the caller reads in a thread.
+    """
+    if not _NOWAIT:
+        raise BlockingIOError(_errno.EAGAIN, "RWF_NOWAIT not available")
+    try:
+        n = os.preadv(fd, [view], offset, _NOWAIT)
+    except OSError as e:
+        if e.errno in (_errno.EAGAIN, _errno.EOPNOTSUPP, _errno.EINVAL):
+            raise BlockingIOError(_errno.EAGAIN, "not in the page cache") from None
+        raise
+    if 0 < n < len(view):
+        raise BlockingIOError(_errno.EAGAIN, "partly in the page cache")
+    return n
+
+
+def _pread_nowait(fd: int, length: int, offset: int) -> bytes:
+    buf = bytearray(length)
+    n = _preadv_nowait(fd, memoryview(buf), offset)
+    return bytes(memoryview(buf)[:n])  # small (inline reads only): the copy is cheap
 
 
 def _no_space(what: str) -> FsError:
@@ -967,7 +999,15 @@ class FileChunkEngine(ChunkEngine):
         if p is not None and p.owns_file and p.file:
             self._unlink(p.file)
 
-    def read(self, key: ChunkKey, offset: int, length: int) -> tuple[ChunkMeta, bytes]:
+    def read(
+        self, key: ChunkKey, offset: int, length: int, *, nowait: bool = False
+    ) -> tuple[ChunkMeta, bytes]:
+        """Committed bytes [offset, offset+length), their checksum blocks verified.
+
+        ``nowait``: only from the page cache (``RWF_NOWAIT``); raises
+        ``BlockingIOError`` when the bytes would have to come from the disk, so an
+        event-loop caller can hand the read to a thread instead of stalling.
+        """
         if offset < 0 or length < 0:
             raise invalid("negative offset or length")
         meta = self.get(key)
@@ -987,7 +1027,13 @@ class FileChunkEngine(ChunkEngine):
         except OSError as e:
             raise _os_error(e, f"open chunk {key}") from None
         try:
-            buf = os.pread(fd, stop - start, start)
+            buf = (
+                _pread_nowait(fd, stop - start, start)
+                if nowait
+                else os.pread(fd, stop - start, start)
+            )
+        except BlockingIOError:
+            raise
         except OSError as e:
             raise _os_error(e, f"read chunk {key}") from None
         finally:
@@ -1012,9 +1058,11 @@ class FileChunkEngine(ChunkEngine):
         return meta, bytes(mv[offset - start : end - start])
 
     def read_into(
-        self, key: ChunkKey, offset: int, length: int, dest: memoryview
+        self, key: ChunkKey, offset: int, length: int, dest: memoryview, *, nowait: bool = False
     ) -> tuple[ChunkMeta, int] | None:
         """Read committed bytes [offset, offset+length) straight into ``dest``, verified in place.
+
+        ``nowait``: as for :meth:`read` (``BlockingIOError`` if not all cached).
 
         The zero-copy read path (shm destinations, i.e. USRBIO): ``preadv`` lands
         the file pages directly in the client's region and the block CRCs are
@@ -1051,10 +1099,15 @@ class FileChunkEngine(ChunkEngine):
         try:
             done = 0
             while done < n:
-                k = os.preadv(fd, [view[done:]], offset + done)
+                if nowait:
+                    k = _preadv_nowait(fd, view[done:], offset + done)
+                else:
+                    k = os.preadv(fd, [view[done:]], offset + done)
                 if k == 0:
                     break
                 done += k
+        except BlockingIOError:
+            raise
         except OSError as e:
             raise _os_error(e, f"read chunk {key}") from None
         finally:

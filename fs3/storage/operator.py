@@ -36,7 +36,9 @@ MAX_READ_IOS = 1024
 # Requests (batches) of one ReadStream served at once; the stream stops reading
 # further requests until one finishes (flow control back to the client).
 READ_STREAM_MAX_INFLIGHT = 64
-INLINE_READ_MAX = 64 << 10  # reads up to this size run on the event loop (page-cache preads)
+INLINE_READ_MAX = (
+    64 << 10
+)  # reads up to this size try the page cache on the event loop (RWF_NOWAIT)
 _ALL = 0xFFFFFFFF
 
 
@@ -300,9 +302,15 @@ class StorageOperator:
                     self._count_read(t, n, started)
                     return res
                 if io.length <= INLINE_READ_MAX:
-                    # small reads: one pread of <= 2 checksum blocks, cheaper inline than a thread hop
+                    # small reads from the page cache: cheaper inline than a thread hop; one
+                    # that needs the disk goes to a thread so the loop (and the other reads
+                    # of the batch, which then reach the disk together) never waits for it
                     try:
-                        meta, data = t.engine.read(key, io.offset, io.length)
+                        meta, data = t.engine.read(key, io.offset, io.length, nowait=True)
+                    except BlockingIOError:
+                        meta, data = await self.rep.run_blocking(
+                            t.engine.read, key, io.offset, io.length
+                        )
                     except FsError as e:
                         self.rep.note_disk_error(t.engine.read, e)
                         raise
@@ -360,9 +368,15 @@ class StorageOperator:
         try:
             if len(view) < io.length:
                 return None
-            if io.length <= INLINE_READ_MAX:
+            if (
+                io.length <= INLINE_READ_MAX
+            ):  # as in _read_one: the page cache inline, else a thread
                 try:
-                    got = t.engine.read_into(key, io.offset, io.length, view)
+                    got = t.engine.read_into(key, io.offset, io.length, view, nowait=True)
+                except BlockingIOError:
+                    got = await self.rep.run_blocking(
+                        t.engine.read_into, key, io.offset, io.length, view
+                    )
                 except FsError as e:
                     self.rep.note_disk_error(t.engine.read_into, e)
                     raise
