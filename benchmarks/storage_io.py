@@ -219,11 +219,13 @@ async def bench_transport(
             await asyncio.gather(*(rand_worker(k) for k in range(rand_depth)))
             rrt = time.perf_counter() - t
             rr_cpu = cpu.stop()
+            batches = cl.storage.read_batch_stats()
             gib = size / (1 << 30)
             return {
                 "write_MBps": size / wt / 1e6,
                 "read_MBps": size / rt / 1e6,
                 "rand4k_iops": count / rrt,
+                "ios_per_batch": batches["ios"] / max(1, batches["rpcs"]),
                 **cpu_figures("write_cpu_s_per_GiB", w_cpu, gib),
                 **cpu_figures("read_cpu_s_per_GiB", r_cpu, gib),
                 **cpu_figures(

@@ -60,6 +60,8 @@ class AutoClientTransport(ShmClientTransport):
         super().__init__(client_id, **kwargs)  # type: ignore[arg-type]
         self._is_local = is_local
         self._local: dict[str, bool] = {}
+        self._last: tuple[str, memoryview, tuple[ShmRegion, int]] | None = None
+        self._hint: tuple[ShmRegion, int] | None = None
         self.stats = {"one_sided": 0, "fallback": 0}
 
     def node_is_local(self, node_address: str) -> bool:
@@ -69,12 +71,31 @@ class AutoClientTransport(ShmClientTransport):
         return local
 
     def one_sided(self, node_address: str, buf: memoryview) -> bool:
+        self._last = None
         if not self._regions or not self.node_is_local(node_address):
             return False
-        if self._locate(memoryview(buf)) is None:
+        found = super()._locate(memoryview(buf))
+        if found is None:
             return False
         self.stats["one_sided"] += 1
+        # the storage client asks for the ref of this very buffer next: spare it a second lookup
+        self._last = (node_address, buf, found)
         return True
+
+    def _located(self, node_address: str, buf: memoryview) -> tuple[ShmRegion, int] | None:
+        """Where ``buf`` lies if it moves one-sided to this node (the last answer reused)."""
+        last, self._last = self._last, None
+        if last is not None and last[0] == node_address and last[1] is buf:
+            return last[2]
+        if not self.one_sided(node_address, buf):
+            return None
+        last, self._last = self._last, None
+        return last[2] if last is not None else None
+
+    def _locate(self, view: memoryview) -> tuple[ShmRegion, int] | None:
+        # the shm ref code asks before its first await; the hint is the answer for this I/O
+        hint, self._hint = self._hint, None
+        return hint if hint is not None else super()._locate(view)
 
     def forget_node(self, node_address: str) -> None:
         super().forget_node(node_address)
@@ -99,13 +120,23 @@ class AutoClientTransport(ShmClientTransport):
     async def write_ref(
         self, node_address: str, data_address: str, data: memoryview
     ) -> tuple[transport_pb2.DataRef, Awaitable[None]]:
-        if self.one_sided(node_address, data):
+        found = self._located(node_address, data)
+        if found is None:
+            return transport_pb2.DataRef(inline=bytes(data)), DONE  # gRPC RPCs only
+        self._hint = found
+        try:
             return await super().write_ref(node_address, data_address, data)
-        return transport_pb2.DataRef(inline=bytes(data)), DONE  # gRPC RPCs only
+        finally:
+            self._hint = None
 
     async def read_ref(
         self, node_address: str, data_address: str, dest: memoryview
     ) -> tuple[transport_pb2.DataRef, ReadCompletion]:
-        if self.one_sided(node_address, dest):
+        found = self._located(node_address, dest)
+        if found is None:
+            return inline_read_ref(), _noop_complete  # gRPC RPCs only
+        self._hint = found
+        try:
             return await super().read_ref(node_address, data_address, dest)
-        return inline_read_ref(), _noop_complete  # gRPC RPCs only
+        finally:
+            self._hint = None

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import errno as _errno
+import itertools
 import logging
 import os
 import weakref
@@ -467,7 +468,9 @@ class ShmClientTransport(ClientTransport):
 
     def _locate(self, view: memoryview) -> tuple[ShmRegion, int] | None:
         addr, n = buffer_address(view)
-        for region in self.regions:
+        for region in itertools.chain(
+            self._regions.values(), (a.region for a in self._staging.arenas)
+        ):
             if not region.closed and region.contains(addr, n):
                 return region, addr - region.address
         return None
