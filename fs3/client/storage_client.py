@@ -57,6 +57,7 @@ from fs3.transport.base import (
     batch_read_scatter,
     frame_ref,
     is_inline,
+    scatter_views,
 )
 
 log = logging.getLogger("fs3.client.storage")
@@ -283,12 +284,12 @@ class NodeReadStream:
         self._reader = asyncio.create_task(self._read_loop(), name=f"fs3-read-stream-{address}")
 
     def _layout(self, body: bytes | memoryview, length: int) -> list[memoryview] | None:
-        rid = storage_pb2.BatchReadResponse.FromString(bytes(body)).request_id
-        entry = self._layouts.get(rid)
+        resp = storage_pb2.BatchReadResponse.FromString(bytes(body))  # parsed once per answer
+        entry = self._layouts.get(resp.request_id)
         if entry is None:  # given up on (timeout): the bytes are dropped
             return None
         ios, dests, laid = entry
-        return batch_read_scatter(ios, dests, laid)(body, length)
+        return scatter_views(ios, dests, resp, length, laid)
 
     async def _send(self, req: storage_pb2.BatchReadRequest) -> None:
         """Write ``req`` now, or queue it behind the write in progress (which sends it)."""
@@ -588,9 +589,21 @@ class StorageClient:
                 log.debug("routing refresh failed: %s", e)
 
     async def _retry(self, attempt: Callable[[int], Awaitable[_T]], what: str) -> _T:
-        """``attempt`` under the retry policy, refreshing routing after routing errors."""
+        """``attempt`` under the retry policy, refreshing routing after routing errors.
+
+        The first attempt runs bare: the retry loop (its deadline, a wrapper per
+        attempt) is set up only once that failed, so the common I/O that succeeds
+        at once (every 4 KiB read of a batch) pays nothing for it.
+        """
+        run = _routing_lag_retried(attempt)
+        try:
+            return await attempt(1)
+        except FsError as e:
+            if not e.retryable and e.code not in _STALE_ROUTING:
+                raise
+            await self._on_error(e, 1)
         return await retrying(
-            _routing_lag_retried(attempt), self._policy, what=what, on_error=self._on_error
+            lambda n: run(n + 1), self._policy, what=what, on_error=self._on_error
         )
 
     def _timeout(self, deadline: Deadline) -> float:
@@ -1200,16 +1213,16 @@ def _raise_unless_done(err: Any) -> None:
         raise FsError(err.code, err.message, errno=err.errno or None, retryable=err.retryable)
 
 
+_STALE_ROUTING = frozenset({Code.UNKNOWN_CHAIN, Code.UNKNOWN_TARGET, Code.UNKNOWN_NODE})
+
+
 @contextlib.contextmanager
 def _stale_routing_is_retryable() -> Iterator[None]:
     """A chain/target/node missing from *our* routing means it is stale: refresh and retry."""
     try:
         yield
     except FsError as e:
-        if (
-            e.code in (Code.UNKNOWN_CHAIN, Code.UNKNOWN_TARGET, Code.UNKNOWN_NODE)
-            and not e.retryable
-        ):
+        if e.code in _STALE_ROUTING and not e.retryable:
             raise FsError(e.code, e.message, retryable=True) from None
         raise
 

@@ -134,23 +134,35 @@ def batch_read_scatter(
 
     def layout(body: bytes | memoryview, length: int) -> list[memoryview] | None:
         resp = storage_pb2.BatchReadResponse.FromString(bytes(body))
-        if len(resp.results) != len(ios):
-            return None
-        views: list[memoryview] = []
-        total = 0
-        for io, d, r in zip(ios, dests, resp.results, strict=True):
-            if d is None or r.error.code or not r.length or ref_kind(io.dest) != "frame":
-                continue
-            if r.length > len(d):
-                return None
-            views.append(d[: r.length])
-            total += r.length
-        if total != length:
-            return None
-        laid[0] = True
-        return views
+        return scatter_views(ios, dests, resp, length, laid)
 
     return layout
+
+
+def scatter_views(
+    ios: Sequence[storage_pb2.ReadIO],
+    dests: Sequence[memoryview | None],
+    resp: storage_pb2.BatchReadResponse,
+    length: int,
+    laid: list[bool],
+) -> list[memoryview] | None:
+    """The buffers a parsed BatchRead answer's ``length``-byte payload goes to (see
+    :func:`batch_read_scatter`); None (and ``laid[0]`` unchanged) if it does not fit."""
+    if len(resp.results) != len(ios):
+        return None
+    views: list[memoryview] = []
+    total = 0
+    for io, d, r in zip(ios, dests, resp.results, strict=True):
+        if d is None or r.error.code or not r.length or ref_kind(io.dest) != "frame":
+            continue
+        if r.length > len(d):
+            return None
+        views.append(d[: r.length])
+        total += r.length
+    if total != length:
+        return None
+    laid[0] = True
+    return views
 
 
 def transport_error(message: str) -> FsError:
