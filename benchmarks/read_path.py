@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,11 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run_all import (  # noqa: E402
     Cleanup,
     Workloads,
-    ensure_juicefs,
     machine_info,
+    mount_juicefs,
     say,
-    start_fuse,
-    stop_fuse,
     usrbio_workload,
 )
 from storage_io import cpu_seconds  # noqa: E402
@@ -120,40 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         pids = {
             n: cluster.pid(n) for n in cluster.names if n.startswith(("storage", "meta", "fuse"))
         }
-        jfs = ensure_juicefs()
-        jdir, jmnt = base / "juicefs", base / "juicefs-mnt"
-        for p in (jdir / "bucket", jdir / "cache", jmnt):
-            p.mkdir(parents=True, exist_ok=True)
-        meta_url = f"sqlite3://{jdir / 'meta.db'}"
-        subprocess.run(
-            [
-                jfs,
-                "format",
-                "--storage",
-                "file",
-                "--bucket",
-                f"{jdir / 'bucket'}/",
-                meta_url,
-                "fs3bench",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        proc_j = start_fuse(
-            [
-                jfs,
-                "mount",
-                "--no-usage-report",
-                "--cache-dir",
-                str(jdir / "cache"),
-                meta_url,
-                str(jmnt),
-            ],
-            str(jmnt),
-            jdir / "mount.log",
-        )
-        cleanup.push("juicefs", lambda: stop_fuse(proc_j, str(jmnt), [jfs, "umount", str(jmnt)]))
+        jmnt = mount_juicefs(base, cleanup)
         systems = {
             "local": wl(base / "local"),
             "fs3_fuse": wl(mnt / "bench"),

