@@ -442,3 +442,43 @@ def test_unfinished_write_is_redriven_once(tmp_path: Path) -> None:
         assert a == b and a[0].commit_ver == 3
 
     run(tmp_path, body, forward_retry_s=0.3)
+
+
+@pytest.mark.timeout(60)
+def test_read_many_matches_single_reads_and_fails_over(tmp_path: Path) -> None:
+    """StorageClient.read_many (USRBIO ring batches): holes, EOF, reads across chunks,
+    and a corrupt replica answered by another one, as :meth:`StorageClient.read` does."""
+
+    async def body(c: InProcessCluster, cl: ChunkClient) -> None:
+        chain = cl.routing.chains()[0].chain_id
+        rng = random.Random(11)
+        inode, chains = 80, [chain]
+        data = bytearray(rng.randbytes(4 * CS))
+        data[2 * CS : 3 * CS] = bytes(CS)  # chunk 2 never written: a hole
+        for idx in (0, 1, 3):
+            await cl.write(chain, inode, idx, 0, data[idx * CS : (idx + 1) * CS], chunk_size=CS)
+        length = 3 * CS + 5000
+        model = bytes(data[:length])
+        spans = [(4096, 4096), (CS - 100, 300), (2 * CS + 7, 9000), (3 * CS + 4000, 8192)]
+        spans += [(length + 1, 10), (0, 0)] + [(rng.randrange(length), 4096) for _ in range(40)]
+        bufs = [bytearray(n) for _, n in spans]
+        reqs = [
+            (inode, chains, CS, off, b, length) for (off, _), b in zip(spans, bufs, strict=True)
+        ]
+        got = await cl.storage.read_many(reqs)
+        for (off, n), b, r in zip(spans, bufs, got, strict=True):
+            want = model[off : off + n]
+            assert r == len(want) and bytes(b[: len(want)]) == want, (off, n, r)
+
+        # one replica of chunk 1 goes bad: every read of it still returns the right bytes
+        victim = cl.routing.chain_targets(chain)[0]
+        eng = c.nodes[c.node_of_target(victim)].targets.by_id(victim).engine
+        meta = eng.get(ChunkKey(inode, 1))
+        assert meta is not None
+        corrupt(eng.data_dir / meta.file, 100)
+        bufs = [bytearray(4096) for _ in range(12)]
+        got = await cl.storage.read_many([(inode, chains, CS, CS, b, length) for b in bufs])
+        assert got == [4096] * 12
+        assert all(bytes(b) == model[CS : CS + 4096] for b in bufs)
+
+    run(tmp_path, body)
