@@ -31,7 +31,7 @@ Lifecycle:
   same loop.
 
 ``-o`` options: keys of the ``[fuse]`` config section (``-o attr_timeout_s=5``),
-``transport=grpc|tcp|shm``, and anything else is handed to libfuse/the
+``transport=auto|grpc|tcp|shm``, and anything else is handed to libfuse/the
 kernel mount (``ro``, ``noatime``, ``max_read=N`` ...).
 """
 
