@@ -8,7 +8,8 @@
   Each write/truncate/remove piece gets an update channel and sequence number
   (3FS ``UpdateChannelAllocator``) that it keeps across retries, so a retry of
   an update whose answer was lost is applied once by the storage targets.
-* Reads go to a random SERVING replica (spreading load over replicas); a
+* Reads go to the least-loaded SERVING replica (fewest of this client's reads
+  in flight, random among equals: load spreads over every replica's disk); a
   replica that fails or returns bytes whose CRC32C does not match is skipped
   and another one is tried. A missing chunk (``CHUNK_NOT_FOUND``) or a chunk
   shorter than the requested range is a hole: zeros, up to the file length the
@@ -22,8 +23,9 @@
   servers without the stream. A broken stream fails its pending reads with a
   retryable error and is reopened on the next read.
 * Payloads move through the configured :class:`~fs3.transport.base.ClientTransport`
-  (inline gRPC bytes, framed TCP, or shared memory), except that over the native
-  RPC transport every kind but shm sends them as the frame's bulk payload
+  (inline gRPC bytes or shared memory), except that over the native RPC
+  transport every I/O the transport does not move one-sided
+  (:meth:`~fs3.transport.base.ClientTransport.one_sided`) sends them as the frame's bulk payload
   (``frame`` DataRefs): a write's bytes go out from the caller's buffer, a
   batch's read bytes are received straight into each read's destination
   (scattered by the answer's per-io lengths), on the ReadStream as on the
