@@ -15,6 +15,31 @@ Phases (one RPC per op):
 
 Usage: python benchmarks/meta_ops.py [--files 10000] [--dirs 100] [--servers 1,2]
                                      [--concurrency 32] [--kv-dir DIR]
+
+Cluster mode (``--cluster``): the per-operation budget of one sequential client,
+through the FUSE mount (``--mount``) and through the Python API (``fs3.connect``,
+no FUSE), interleaved in the same run (``--runs`` rounds, medians reported):
+create+close of empty files (O_CREAT|O_EXCL), stat, readdir, unlink, each in a
+fresh directory, plus the CPU seconds the cluster's meta servers spent per
+create+close (``/proc/PID/stat`` of the pids in the cluster's state.json).
+
+  python benchmarks/meta_ops.py --cluster DIR/fs3.cluster --mount MNT [--files 2000] [--runs 3]
+
+Growth mode (``--growth N``): one meta server; Create (with its open session) and
+Lookup latency, medians of ``--probe`` sequential ops, with 1,000 and then N
+entries in one directory (filled with Mknod, ``--concurrency`` in flight), and
+a ReadDir of all N entries in pages of 1,024 (the first and last page's latency
+show whether a page costs the same wherever it starts).
+
+  python benchmarks/meta_ops.py --growth 100000 [--probe 200]
+
+In-process mode (``--inprocess N``): the meta operator and its SQLite KV alone, no
+RPC: CPU and wall time per create+close, with the Close as its own transaction
+and with the close riding on the next Create (what the client core sends for a
+handle that wrote nothing), and per lookup. Subtracting these from the cluster
+mode's meta CPU leaves what serving the RPCs costs.
+
+  python benchmarks/meta_ops.py --inprocess 1000
 """
 
 from __future__ import annotations
@@ -228,6 +253,358 @@ async def bench(
         await d.close()
 
 
+# ---------------------------------------------------------------- growth mode
+
+
+async def growth(addr: str, entries: int, probe: int, concurrency: int) -> dict[str, Any]:
+    import random
+    import statistics
+
+    d = Driver([addr], concurrency)
+    rng = random.Random(7)
+    try:
+        top = await d.rpc(
+            "Mkdir",
+            meta_pb2.MkdirRequest(
+                user=USER, request_id=uuid.uuid4().hex, parent=1, name=b"growth", mode=0o755
+            ),
+        )
+        ino = top.attr.inode
+
+        def mknod(i: int) -> Callable[[], Awaitable[int]]:
+            async def go() -> int:
+                await d.rpc(
+                    "Mknod",
+                    meta_pb2.MknodRequest(
+                        user=USER,
+                        request_id=uuid.uuid4().hex,
+                        parent=ino,
+                        name=b"e%08d" % i,
+                        mode=stat.S_IFREG | 0o644,
+                    ),
+                )
+                return 1
+
+            return go
+
+        async def measure(n: int) -> dict[str, float]:
+            cl, sl = [], []
+            for k in range(probe):
+                t = time.perf_counter()
+                r = await d.rpc(
+                    "Create",
+                    meta_pb2.CreateRequest(
+                        user=USER,
+                        request_id=uuid.uuid4().hex,
+                        parent=ino,
+                        name=b"probe-%d-%d" % (n, k),
+                        mode=0o644,
+                        flags=os.O_CREAT | os.O_EXCL | os.O_WRONLY,
+                        client_id="growth",
+                    ),
+                )
+                cl.append(time.perf_counter() - t)
+                await d.rpc(
+                    "Close",
+                    meta_pb2.CloseRequest(
+                        user=USER,
+                        request_id=uuid.uuid4().hex,
+                        inode=r.attr.inode,
+                        session_id=r.session_id,
+                    ),
+                )
+            for _ in range(probe):
+                name = b"e%08d" % rng.randrange(n)
+                t = time.perf_counter()
+                await d.rpc("Lookup", meta_pb2.LookupRequest(user=USER, parent=ino, name=name))
+                sl.append(time.perf_counter() - t)
+            return {
+                "create_ms": round(statistics.median(cl) * 1000, 3),
+                "stat_ms": round(statistics.median(sl) * 1000, 3),
+            }
+
+        out: dict[str, Any] = {}
+        await d.run([mknod(i) for i in range(1000)])
+        out["at_1000"] = await measure(1000)
+        print(f"  at 1,000 entries: {out['at_1000']}", flush=True)
+        t0 = time.perf_counter()
+        _, dt = await d.run([mknod(i) for i in range(1000, entries)])
+        out["fill_per_s"] = round((entries - 1000) / dt)
+        print(f"  filled to {entries:,} entries: {out['fill_per_s']:,} Mknod/s", flush=True)
+        out[f"at_{entries}"] = await measure(entries)
+        print(f"  at {entries:,} entries: {out[f'at_{entries}']}", flush=True)
+        pages: list[float] = []
+        count, cursor = 0, b""
+        t0 = time.perf_counter()
+        while True:
+            t = time.perf_counter()
+            r = await d.rpc(
+                "ReadDir",
+                meta_pb2.ReadDirRequest(user=USER, inode=ino, cursor=cursor, limit=1024),
+            )
+            pages.append(time.perf_counter() - t)
+            count += len(r.entries)
+            if not r.more:
+                break
+            cursor = r.entries[-1].name
+        total = time.perf_counter() - t0
+        out["readdir"] = {
+            "entries": count,
+            "pages": len(pages),
+            "entries_per_s": round(count / total),
+            "first_page_ms": round(pages[0] * 1000, 2),
+            "last_full_page_ms": round(pages[-2] * 1000, 2) if len(pages) > 1 else None,
+            "median_page_ms": round(statistics.median(pages) * 1000, 2),
+        }
+        print(f"  readdir: {out['readdir']}", flush=True)
+        big, small = out[f"at_{entries}"], out["at_1000"]
+        out["create_ratio"] = round(big["create_ms"] / small["create_ms"], 3)
+        out["stat_ratio"] = round(big["stat_ms"] / small["stat_ms"], 3)
+        print(
+            f"  create latency at {entries:,} / at 1,000: {out['create_ratio']}; "
+            f"stat: {out['stat_ratio']}",
+            flush=True,
+        )
+        return out
+    finally:
+        await d.close()
+
+
+# ---------------------------------------------------------------- in-process mode
+
+
+def inprocess(n: int, kv_dir: str) -> None:
+    import logging
+    import resource
+
+    from fs3.config import MetaSection
+    from fs3.kv import open_database
+    from fs3.meta.operator import MetaOperator
+
+    logging.getLogger("fs3").setLevel(logging.ERROR)  # "no chain table yet"
+
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
+    for mode in ("separate Close", "close rides on next Create"):
+        work = Path(tempfile.mkdtemp(prefix="fs3-metaop-", dir=kv_dir or None))
+        db = open_database(f"sqlite://{work}/kv.db")
+        try:
+            op = MetaOperator(db, MetaSection())
+            d = op.mkdir(
+                meta_pb2.MkdirRequest(user=USER, request_id="d", parent=1, name=b"d", mode=0o755)
+            ).attr.inode
+            prev: Any = None
+            c0, t0 = cpu(), time.perf_counter()
+            for i in range(n):
+                req = meta_pb2.CreateRequest(
+                    user=USER,
+                    request_id=uuid.uuid4().hex,
+                    parent=d,
+                    name=b"f%d" % i,
+                    mode=0o644,
+                    flags=flags,
+                    client_id="c",
+                )
+                if mode == "separate Close":
+                    r = op.create(req)
+                    op.close(
+                        meta_pb2.CloseRequest(
+                            user=USER,
+                            request_id=uuid.uuid4().hex,
+                            inode=r.attr.inode,
+                            session_id=r.session_id,
+                        )
+                    )
+                else:
+                    if prev is not None:
+                        req.close_sessions.add(inode=prev.attr.inode, session_id=prev.session_id)
+                    prev = op.create(req)
+            c1, t1 = cpu(), time.perf_counter()
+            print(
+                f"create+close ({mode}): {(t1 - t0) / n * 1e3:.3f} ms wall, "
+                f"{(c1 - c0) / n * 1e3:.3f} ms CPU",
+                flush=True,
+            )
+            if mode == "separate Close":
+                c0, t0 = cpu(), time.perf_counter()
+                for i in range(n):
+                    op.lookup(meta_pb2.LookupRequest(user=USER, parent=d, name=b"f%d" % i))
+                c1, t1 = cpu(), time.perf_counter()
+                print(
+                    f"lookup: {(t1 - t0) / n * 1e3:.3f} ms wall, {(c1 - c0) / n * 1e3:.3f} ms CPU",
+                    flush=True,
+                )
+        finally:
+            db.close()
+            shutil.rmtree(work, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- cluster mode
+
+
+def meta_pids(cluster_file: str) -> list[int]:
+    """Pids of the meta servers of the local cluster that wrote ``cluster_file``."""
+    import json
+
+    state = json.loads((Path(cluster_file).parent / "state.json").read_text())
+    return [int(p["pid"]) for p in state["processes"] if p["role"] == "meta"]
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes used so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total / tick
+
+
+class PosixOps:
+    """The phases through the kernel (a FUSE mount)."""
+
+    label = "FUSE"
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def mkdir(self, d: str) -> None:
+        os.mkdir(os.path.join(self.root, d))
+
+    def create(self, path: str) -> None:
+        os.close(
+            os.open(os.path.join(self.root, path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        )
+
+    def stat(self, path: str) -> None:
+        os.stat(os.path.join(self.root, path))
+
+    def listdir(self, d: str) -> int:
+        with os.scandir(os.path.join(self.root, d)) as it:
+            return sum(1 for _ in it)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(os.path.join(self.root, path))
+
+    def rmdir(self, d: str) -> None:
+        os.rmdir(os.path.join(self.root, d))
+
+    def settle(self) -> None:
+        pass
+
+
+class ApiOps(PosixOps):
+    """The phases through the Python API (no FUSE)."""
+
+    label = "Python API"
+
+    def __init__(self, client: Any) -> None:
+        self.c = client
+        self.root = "/"
+
+    def mkdir(self, d: str) -> None:
+        self.c.mkdir("/" + d)
+
+    def create(self, path: str) -> None:
+        self.c.open("/" + path, "xb", buffering=0).close()
+
+    def stat(self, path: str) -> None:
+        self.c.stat("/" + path)
+
+    def listdir(self, d: str) -> int:
+        return len(self.c.listdir("/" + d))
+
+    def unlink(self, path: str) -> None:
+        self.c.unlink("/" + path)
+
+    def rmdir(self, d: str) -> None:
+        self.c.rmdir("/" + d)
+
+    def settle(self) -> None:
+        # sessions of quietly closed handles end in the background: count their CPU too
+        flush = getattr(self.c.core, "flush_closes", None)  # older clients close at once
+        if flush is not None:
+            self.c.bridge.run(flush())
+
+
+def budget_round(ops: PosixOps, files: int, pids: list[int]) -> dict[str, float]:
+    d = f"mb-{uuid.uuid4().hex[:8]}"
+    ops.mkdir(d)
+    names = [f"{d}/f{i:06d}" for i in range(files)]
+    out: dict[str, float] = {}
+    c0 = cpu_seconds(pids)
+    t0 = time.perf_counter()
+    for n in names:
+        ops.create(n)
+    out["create"] = files / (time.perf_counter() - t0)
+    ops.settle()
+    time.sleep(0.2)  # let the FUSE daemon's asynchronous releases reach meta
+    out["meta_cpu_ms_per_create"] = (cpu_seconds(pids) - c0) / files * 1000
+    t0 = time.perf_counter()
+    for n in names:
+        ops.stat(n)
+    out["stat"] = files / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    got = ops.listdir(d)
+    out["readdir"] = got / (time.perf_counter() - t0)
+    assert got == files, (got, files)
+    c0 = cpu_seconds(pids)
+    t0 = time.perf_counter()
+    for n in names:
+        ops.unlink(n)
+    out["unlink"] = files / (time.perf_counter() - t0)
+    out["meta_cpu_ms_per_unlink"] = (cpu_seconds(pids) - c0) / files * 1000
+    ops.rmdir(d)
+    return out
+
+
+def budget(cluster_file: str, mount: str, files: int, runs: int) -> int:
+    import statistics
+
+    import fs3
+
+    pids = meta_pids(cluster_file)
+    load0 = os.getloadavg()
+    client = fs3.connect(cluster_file)
+    try:
+        kinds: list[PosixOps] = [PosixOps(mount), ApiOps(client)]
+        results: dict[str, list[dict[str, float]]] = {k.label: [] for k in kinds}
+        for r in range(runs):
+            for k in kinds:
+                res = budget_round(k, files, pids)
+                results[k.label].append(res)
+                print(
+                    f"run {r + 1} {k.label:<10} "
+                    + "  ".join(f"{m}={v:,.3f}" for m, v in res.items()),
+                    flush=True,
+                )
+    finally:
+        client.close()
+    load1 = os.getloadavg()
+    metrics = [
+        "create",
+        "stat",
+        "readdir",
+        "unlink",
+        "meta_cpu_ms_per_create",
+        "meta_cpu_ms_per_unlink",
+    ]
+    med = {k: {m: statistics.median(x[m] for x in v) for m in metrics} for k, v in results.items()}
+    print(
+        f"\n{files} files per round, median of {runs}; load average {load0[0]:.2f} -> {load1[0]:.2f}"
+    )
+    print("| metric | FUSE | Python API | API / FUSE |")
+    print("|---|---:|---:|---:|")
+    for m in metrics:
+        f, a = med["FUSE"][m], med["Python API"][m]
+        print(f"| {m} | {f:,.3f} | {a:,.3f} | {a / f if f else 0:.2f} |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -239,7 +616,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--kv-dir", default="", help="where to put the SQLite files (default: a temp dir)"
     )
+    ap.add_argument("--cluster", default="", help="cluster mode: the cluster file")
+    ap.add_argument("--mount", default="", help="cluster mode: the cluster's FUSE mount point")
+    ap.add_argument("--runs", type=int, default=3, help="cluster mode: rounds (median)")
+    ap.add_argument("--growth", type=int, default=0, help="growth mode: entries in one directory")
+    ap.add_argument("--probe", type=int, default=200, help="growth mode: ops per latency median")
+    ap.add_argument("--inprocess", type=int, default=0, help="in-process mode: creates")
     args = ap.parse_args(argv)
+    if args.inprocess:
+        inprocess(args.inprocess, args.kv_dir)
+        return 0
+    if args.growth:
+        work = Path(tempfile.mkdtemp(prefix="fs3-metagrowth-", dir=args.kv_dir or None))
+        procs: list[subprocess.Popen[str]] = []
+        try:
+            procs, addrs = start_servers(1, work)
+            print(f"growth: 1 meta server {addrs[0]}, load {os.getloadavg()[0]:.2f}", flush=True)
+            asyncio.run(growth(addrs[0], args.growth, args.probe, args.concurrency))
+            print(f"load {os.getloadavg()[0]:.2f}")
+        finally:
+            stop_servers(procs)
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
+    if args.cluster:
+        if not args.mount:
+            ap.error("--cluster needs --mount")
+        return budget(args.cluster, args.mount, args.files, args.runs)
     print(
         f"fs3 meta benchmark: {args.files} files, concurrency {args.concurrency}, sqlite KV, "
         f"{os.cpu_count()} cpus",

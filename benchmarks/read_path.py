@@ -41,8 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run_all import (  # noqa: E402
     Cleanup,
     Workloads,
+    juicefs_up,
     machine_info,
-    mount_juicefs,
     say,
     usrbio_workload,
 )
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         pids = {
             n: cluster.pid(n) for n in cluster.names if n.startswith(("storage", "meta", "fuse"))
         }
-        jmnt = mount_juicefs(base, cleanup)
+        jmnt = juicefs_up(base, cleanup)
         systems = {
             "local": wl(base / "local"),
             "fs3_fuse": wl(mnt / "bench"),

@@ -4,15 +4,20 @@
 
 What it measures (client on uvloop, servers in their own processes):
 
-* sequential small calls: calls/s and client CPU µs per call of a real fs3 method,
-  meta ``GetAttr`` of the root inode on a real ``fs3 meta`` process (memory KV),
-  over gRPC direct (``[rpc] grpc_port``), gRPC through the main port's relay,
-  native over TCP and native over the server's Unix socket;
+* sequential small calls: calls/s and client and server CPU µs per call of a real
+  fs3 method, meta ``GetAttr`` of the root inode on a real ``fs3 meta`` process
+  (memory KV), over gRPC direct (``[rpc] grpc_port``), gRPC through the main
+  port's relay, native over TCP and native over the server's Unix socket; server
+  CPU is the meta process's (all threads, from ``/proc/PID/task/*/schedstat``);
+* the floor beside them: a bare length-prefixed 200-byte echo on uvloop
+  ``asyncio.Protocol`` in both processes (no protobuf, no handler: the
+  ``tools/floors/rpcbench.py`` probe), measured in the same run;
 * 64 calls in flight on one connection (64 tasks calling in a loop): calls/s;
 * 1 MiB payloads, sequential write and read: MB/s over the native transport
   (the payload travels as the frame's bulk payload, received into the
   destination buffer) against a plain Python blocking-socket ``sendall`` /
-  ``recv_into`` loop on the same loopback in the same run (the ratio is the figure).
+  ``recv_into`` loop on the same loopback in the same run (the ratio is the figure),
+  over TCP and over a Unix socket (native-uds is given against both).
   The bulk server is a scripted StorageService (Write keeps the payload, BatchRead
   answers 1 MiB from a buffer) on the real ``RpcServer``: it measures the transport,
   not the chunk engine.
@@ -97,14 +102,25 @@ def serve_bulk(port: int) -> None:
     run(main())
 
 
-def serve_plain(port: int) -> None:
+def serve_plain(port: int, uds: str) -> None:
     """Plain blocking sockets: 'W' n -> recv_into n bytes, ack; 'R' n -> sendall n bytes."""
+    import threading
+
+    ls = socket.create_server(("127.0.0.1", port))
+    us = socket.socket(socket.AF_UNIX)
+    us.bind(uds)
+    us.listen(4)
+    threading.Thread(target=_plain_loop, args=(us,), daemon=True).start()
+    _plain_loop(ls)
+
+
+def _plain_loop(ls: socket.socket) -> None:
     buf = bytearray(MIB)
     view = memoryview(buf)
-    ls = socket.create_server(("127.0.0.1", port))
     while True:
         conn, _ = ls.accept()
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if conn.family != socket.AF_UNIX:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         hdr = bytearray(5)
         try:
             while True:
@@ -130,18 +146,89 @@ def _recv_exact(conn: socket.socket, dest: memoryview) -> int:
     return got
 
 
+FLOOR_HDR = struct.Struct("<IQ")
+
+
+class _FloorProtocol(asyncio.Protocol):
+    """Length-prefixed frames ``<u32 len><u64 id><body>`` on a bare Protocol (tools/floors/rpcbench.py)."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.waiters: dict[int, asyncio.Future[bytes]] = {}
+
+    def connection_made(self, transport: Any) -> None:
+        self.t = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while len(self.buf) >= 12:
+            n, rid = FLOOR_HDR.unpack_from(self.buf)
+            if len(self.buf) < 12 + n:
+                break
+            body = bytes(self.buf[12 : 12 + n])
+            del self.buf[: 12 + n]
+            self.frame(rid, body)
+
+    def frame(self, rid: int, body: bytes) -> None:  # the client side: an answer
+        self.waiters.pop(rid).set_result(body)
+
+
+class _FloorEcho(_FloorProtocol):
+    def frame(self, rid: int, body: bytes) -> None:
+        self.t.write(FLOOR_HDR.pack(len(body), rid) + body)
+
+
+def serve_floor(port: int) -> None:
+    """The floor: a length-prefixed echo on a bare uvloop Protocol (tools/floors/rpcbench.py)."""
+
+    async def main() -> None:
+        await asyncio.get_running_loop().create_server(_FloorEcho, "127.0.0.1", port)
+        await asyncio.Event().wait()
+
+    run(main())
+
+
+class FloorStub:
+    """Sequential 200-byte echo calls, shaped like a stub method for :func:`seq_calls`."""
+
+    def __init__(self, proto: _FloorProtocol) -> None:
+        self.p = proto
+        self.i = 0
+        self.payload = b"x" * 200
+
+    async def GetAttr(self, request: Any, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+        self.i += 1
+        fut = asyncio.get_running_loop().create_future()
+        self.p.waiters[self.i] = fut
+        self.p.t.write(FLOOR_HDR.pack(len(self.payload), self.i) + self.payload)
+        return await fut
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds of every thread of process ``pid`` (nanosecond schedstat)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # a thread that just ended
+    return total / 1e9
+
+
 # ----------------------------------------------------------------- measurements
 
 
-async def seq_calls(stub: Any, n: int) -> tuple[float, float]:
+async def seq_calls(stub: Any, n: int, server_pid: int) -> tuple[float, float, float]:
+    """calls/s, client CPU µs/call, server CPU µs/call."""
     req = meta_pb2.GetAttrRequest(user=common_pb2.UserInfo(uid=0, gid=0), inode=1)
     for _ in range(50):  # connect, warm up
         await stub.GetAttr(req, timeout=10)
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0, s0 = time.perf_counter(), time.process_time(), process_cpu_s(server_pid)
     for _ in range(n):
         await stub.GetAttr(req, timeout=10)
     dt, dc = time.perf_counter() - t0, time.process_time() - c0
-    return n / dt, dc / n * 1e6
+    ds = process_cpu_s(server_pid) - s0
+    return n / dt, dc / n * 1e6, ds / n * 1e6
 
 
 async def inflight_calls(stub: Any, n: int, depth: int = 64) -> float:
@@ -181,11 +268,15 @@ async def bulk_native(stub: Any, mib: int) -> tuple[float, float]:
     return w * MIB / 1e6, r * MIB / 1e6
 
 
-def bulk_plain(port: int, mib: int) -> tuple[float, float]:
+def bulk_plain(port: int, mib: int, uds: str = "") -> tuple[float, float]:
     data = memoryview(os.urandom(MIB))
     dest = memoryview(bytearray(MIB))
-    s = socket.create_connection(("127.0.0.1", port))
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if uds:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(uds)
+    else:
+        s = socket.create_connection(("127.0.0.1", port))
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     ack = memoryview(bytearray(1))
     w_hdr = struct.pack("<cI", b"W", MIB)
     r_hdr = struct.pack("<cI", b"R", MIB)
@@ -220,6 +311,130 @@ def spawn(args: list[str], **kw: Any) -> subprocess.Popen[Any]:
     )
 
 
+# ----------------------------------------------------------------- in-process paths
+
+
+class _PathTransport:
+    """A transport without a socket: what the protocol writes is counted (server)
+    or answered from a loop callback (client), so only Python-side work is timed."""
+
+    def __init__(self, answer: Any = None) -> None:
+        self.answer = answer
+        self.written: asyncio.Future[None] | None = None
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def write(self, data: bytes) -> None:
+        if self.written is not None and not self.written.done():
+            self.written.set_result(None)
+        if self.answer is not None and len(data) >= 28:
+            self.answer(data)
+
+    def writelines(self, bufs: Any) -> None:
+        self.write(b"".join(bufs))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _feed(proto: Any, data: bytes) -> None:
+    view = proto.get_buffer(len(data))
+    view[: len(data)] = data
+    proto.buffer_updated(len(data))
+
+
+async def path_costs(n: int) -> tuple[float, float]:
+    """CPU µs per call of the native server's and client's Python paths, no sockets.
+
+    Server: a CALL frame of meta GetAttr fed from a loop callback, answered by a
+    handler that returns a fixed message. Client: a stub GetAttr whose CALL is
+    answered with a REPLY frame from a loop callback. Median of 5 rounds each;
+    the loop's own cost of one callback and one wake-up per call is included.
+    """
+    from fs3.rpc.native import wire
+    from fs3.rpc.native.client import ClientConnection, NativeChannel
+    from fs3.rpc.native.methods import BY_PATH
+    from fs3.rpc.native.server import NativeServer, ServerConnection
+    from fs3.rpc.server import guard_servicer
+
+    loop = asyncio.get_running_loop()
+    resp = meta_pb2.AttrResponse()
+    resp.attr.inode = 1
+    reply_body = resp.SerializeToString()
+    req = meta_pb2.GetAttrRequest(user=common_pb2.UserInfo(uid=0, gid=0), inode=1)
+    mid = BY_PATH["/fs3.v1.MetaService/GetAttr"].id
+
+    class Fixed(meta_pb2_grpc.MetaServiceServicer):
+        async def GetAttr(self, request: Any, context: Any) -> Any:
+            return resp
+
+    server = NativeServer()
+    server.add_servicer("fs3.v1.MetaService", guard_servicer(Fixed()))
+    sconn = ServerConnection(server)
+    st = _PathTransport()
+    sconn.connection_made(st)
+    _feed(sconn, wire.PREFACE)
+    body = req.SerializeToString()
+
+    def rounds(fn: Any) -> Any:
+        async def run_rounds() -> float:
+            res = []
+            for _ in range(5):
+                c0 = time.process_time()
+                await fn()
+                res.append((time.process_time() - c0) / n * 1e6)
+            return sorted(res)[2]
+
+        return run_rounds()
+
+    rid = [0]
+
+    async def server_round() -> None:
+        for _ in range(n):
+            rid[0] += 1
+            st.written = loop.create_future()
+            loop.call_soon(
+                _feed, sconn, wire.pack(wire.CALL, wire.HAS_MESSAGE, mid, rid[0], 10000, body)
+            )
+            await st.written
+
+    server_us = await rounds(server_round)
+
+    channel = NativeChannel("127.0.0.1:1")
+    cconn = ClientConnection(channel)
+
+    def answer(data: bytes) -> None:
+        kind, _f, _r, m, r, _t, _b, _p = wire.HEADER.unpack_from(data)
+        if kind == wire.CALL:
+            loop.call_soon(
+                _feed, cconn, wire.pack(wire.REPLY, wire.HAS_MESSAGE, m, r, 0, reply_body)
+            )
+
+    cconn.connection_made(_PathTransport(answer))
+    channel._conn = cconn
+    stub = meta_pb2_grpc.MetaServiceStub(channel)
+
+    async def client_round() -> None:
+        for _ in range(n):
+            await stub.GetAttr(req, timeout=10)
+
+    client_us = await rounds(client_round)
+    return server_us, client_us
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=3000, help="sequential calls per transport")
@@ -228,18 +443,38 @@ def main() -> int:
     ap.add_argument("--out", help="append the table to this markdown file")
     ap.add_argument("--serve-bulk", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--serve-plain", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--plain-uds", help=argparse.SUPPRESS)
+    ap.add_argument("--serve-floor", type=int, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--paths",
+        type=int,
+        metavar="N",
+        help="only the in-process per-call cost of the server and client paths (N calls x 5)",
+    )
     args = ap.parse_args()
+    if args.paths:
+        server_us, client_us = run(path_costs(args.paths))
+        print(
+            f"native paths (commit {_commit()}, in process, no sockets, load "
+            f"{os.getloadavg()[0]:.1f}): server {server_us:.2f} µs/call, "
+            f"client {client_us:.2f} µs/call"
+        )
+        return 0
     if args.serve_bulk:
         serve_bulk(args.serve_bulk)
         return 0
     if args.serve_plain:
-        serve_plain(args.serve_plain)
+        serve_plain(args.serve_plain, args.plain_uds)
+        return 0
+    if args.serve_floor:
+        serve_floor(args.serve_floor)
         return 0
 
     procs: list[subprocess.Popen[Any]] = []
     tmp = tempfile.TemporaryDirectory(prefix="fs3-rpcbench-")
     try:
-        meta_port, grpc_port, bulk_port, plain_port = (free_port() for _ in range(4))
+        meta_port, grpc_port, bulk_port, plain_port, floor_port = (free_port() for _ in range(5))
+        plain_uds = str(Path(tmp.name) / "plain.sock")
         cfg = Path(tmp.name) / "meta.toml"
         cfg.write_text(
             f'[node]\nport = {meta_port}\n[kv]\nurl = "memory://"\n'
@@ -247,9 +482,11 @@ def main() -> int:
         )
         procs.append(spawn(["-m", "fs3.cli.main", "meta", "--config", str(cfg)]))
         procs.append(spawn([__file__, "--serve-bulk", str(bulk_port)]))
-        procs.append(spawn([__file__, "--serve-plain", str(plain_port)]))
-        for port, p in zip((meta_port, bulk_port, plain_port), procs, strict=True):
+        procs.append(spawn([__file__, "--serve-plain", str(plain_port), "--plain-uds", plain_uds]))
+        procs.append(spawn([__file__, "--serve-floor", str(floor_port)]))
+        for port, p in zip((meta_port, bulk_port, plain_port, floor_port), procs, strict=True):
             wait_port(port, p)
+        meta_pid, floor_pid = procs[0].pid, procs[3].pid
         meta_addr = f"127.0.0.1:{meta_port}"
         bulk_addr = f"127.0.0.1:{bulk_port}"
         rows: dict[str, Any] = {}
@@ -259,26 +496,41 @@ def main() -> int:
             for name, addr in (("grpc", f"127.0.0.1:{grpc_port}"), ("grpc-relay", meta_addr)):
                 ch = insecure_channel(addr)
                 stub = meta_pb2_grpc.MetaServiceStub(ch)
-                cps, cpu = await seq_calls(stub, max(500, args.calls // 4))
+                cps, cpu, scpu = await seq_calls(stub, max(500, args.calls // 4), meta_pid)
                 inflight = await inflight_calls(stub, max(640, args.inflight_calls // 8))
-                rows[name] = {"seq": cps, "cpu": cpu, "inflight": inflight}
+                rows[name] = {"seq": cps, "cpu": cpu, "scpu": scpu, "inflight": inflight}
                 await ch.close()
             for name, uds in (("native-tcp", False), ("native-uds", True)):
                 settings.configure(RpcSection(unix_sockets=uds))
                 pool = ChannelPool("native")
                 ch = pool.get(meta_addr)
                 stub = meta_pb2_grpc.MetaServiceStub(ch)
-                cps, cpu = await seq_calls(stub, args.calls)
+                cps, cpu, scpu = await seq_calls(stub, args.calls, meta_pid)
                 inflight = await inflight_calls(stub, args.inflight_calls)
                 assert ch.via == ("unix" if uds else "tcp"), ch.via
                 bstub = storage_pb2_grpc.StorageServiceStub(pool.get(bulk_addr))
                 w, r = await bulk_native(bstub, args.mib)
-                rows[name] = {"seq": cps, "cpu": cpu, "inflight": inflight, "w": w, "r": r}
+                rows[name] = {
+                    "seq": cps,
+                    "cpu": cpu,
+                    "scpu": scpu,
+                    "inflight": inflight,
+                    "w": w,
+                    "r": r,
+                }
                 await pool.close()
+            t, proto = await asyncio.get_running_loop().create_connection(
+                _FloorProtocol, "127.0.0.1", floor_port
+            )
+            cps, cpu, scpu = await seq_calls(FloorStub(proto), args.calls, floor_pid)
+            rows["floor-echo"] = {"seq": cps, "cpu": cpu, "scpu": scpu}
+            t.close()
 
         run(measure())
         pw, pr = bulk_plain(plain_port, args.mib)
         rows["plain-socket"] = {"w": pw, "r": pr}
+        uw, ur = bulk_plain(plain_port, args.mib, plain_uds)
+        rows["plain-uds"] = {"w": uw, "r": ur}
     finally:
         for p in procs:
             p.terminate()
@@ -293,28 +545,33 @@ def main() -> int:
     lines = [
         f"RPC benchmark {time.strftime('%Y-%m-%d %H:%M:%S')} (commit {_commit()}), client on uvloop, "
         f"{args.calls} sequential meta GetAttr, {args.inflight_calls} with 64 in flight, "
-        f"{args.mib} x 1 MiB each way",
+        f"{args.mib} x 1 MiB each way, load {os.getloadavg()[0]:.1f}",
         "",
-        "| transport | seq calls/s | × grpc | client CPU µs/call | 64 in flight calls/s | 1 MiB write MB/s | 1 MiB read MB/s |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| transport | seq calls/s | × grpc | client CPU µs/call | server CPU µs/call "
+        "| 64 in flight calls/s | 1 MiB write MB/s | 1 MiB read MB/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name in ("grpc", "grpc-relay", "native-tcp", "native-uds", "plain-socket"):
+    names = ("grpc", "grpc-relay", "native-tcp", "native-uds", "floor-echo")
+    for name in (*names, "plain-socket", "plain-uds"):
         r = rows[name]
         seq = f"{r['seq']:,.0f}" if "seq" in r else "-"
         ratio = f"{r['seq'] / g:.1f}" if "seq" in r else "-"
         cpu = f"{r['cpu']:.0f}" if "cpu" in r else "-"
+        scpu = f"{r['scpu']:.0f}" if "scpu" in r else "-"
         infl = f"{r['inflight']:,.0f}" if "inflight" in r else "-"
-        w = (
-            f"{r['w']:,.0f} ({r['w'] / pw:.2f}× plain)"
-            if "w" in r and name != "plain-socket"
-            else (f"{r['w']:,.0f}" if "w" in r else "-")
-        )
-        rd = (
-            f"{r['r']:,.0f} ({r['r'] / pr:.2f}× plain)"
-            if "r" in r and name != "plain-socket"
-            else (f"{r['r']:,.0f}" if "r" in r else "-")
-        )
-        lines.append(f"| {name} | {seq} | {ratio} | {cpu} | {infl} | {w} | {rd} |")
+        w = rd = "-"
+        if name in ("plain-socket", "plain-uds"):
+            w, rd = f"{r['w']:,.0f}", f"{r['r']:,.0f}"
+        elif "w" in r:
+            w, rd = (
+                f"{r['w']:,.0f} ({r['w'] / pw:.2f}× plain",
+                f"{r['r']:,.0f} ({r['r'] / pr:.2f}× plain",
+            )
+            if name == "native-uds":
+                w += f", {r['w'] / uw:.2f}× plain-uds"
+                rd += f", {r['r'] / ur:.2f}× plain-uds"
+            w, rd = w + ")", rd + ")"
+        lines.append(f"| {name} | {seq} | {ratio} | {cpu} | {scpu} | {infl} | {w} | {rd} |")
     text = "\n".join(lines)
     print(text)
     if args.out:

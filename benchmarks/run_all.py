@@ -255,9 +255,11 @@ def ensure_juicefs() -> str:
     return str(exe)
 
 
-def mount_juicefs(base: Path, cleanup: Cleanup) -> Path:
-    """Format JuiceFS (SQLite meta, local-directory object storage) under ``base`` and
-    mount it; ``cleanup`` gets the unmount (named "juicefs"). Returns the mount point."""
+def juicefs_up(base: Path, cleanup: Cleanup) -> Path:
+    """Format and mount JuiceFS (SQLite meta, local-directory objects, default options).
+
+    The unmount is pushed on ``cleanup`` as "juicefs"; returns the mount point.
+    """
     jfs = ensure_juicefs()
     jdir, jmnt = base / "juicefs", base / "juicefs-mnt"
     for p in (jdir / "bucket", jdir / "cache", jmnt):
@@ -294,6 +296,40 @@ def mount_juicefs(base: Path, cleanup: Cleanup) -> Path:
     )
     cleanup.push("juicefs", lambda: stop_fuse(proc_j, str(jmnt), [jfs, "umount", str(jmnt)]))
     return jmnt
+
+
+def fs3_up(base: Path, transport: str, cleanup: Cleanup) -> tuple[Any, Path]:
+    """A fresh local cluster (3 storage nodes, 3 replicas, 2 meta) mounted with FUSE.
+
+    The cluster's close is pushed on ``cleanup`` as "fs3 cluster"; returns it and the mount point.
+    """
+    from fs3.testing.cluster import ProcessCluster
+
+    cdir, mnt = base / "fs3", base / "fs3-mnt"
+    mnt.mkdir(exist_ok=True)
+    say(
+        f"fs3: cluster up in {cdir} (3 storage nodes, 3 replicas, transport {transport}), mount {mnt}"
+    )
+    cluster = ProcessCluster(
+        cdir,
+        storage_nodes=3,
+        replicas=3,
+        transport=transport,
+        mount=str(mnt),
+        start_timeout_s=180,
+    )
+    cleanup.push("fs3 cluster", lambda: cluster.close())
+    cluster.start()
+    return cluster, mnt
+
+
+def run_interleaved(
+    res: Results, steps: list[tuple[str, Callable[[], dict[str, float]]]], runs: int
+) -> None:
+    """Run i of every system, then run i+1 ...: a machine whose speed drifts skews both alike."""
+    for i in range(runs):
+        for system, step in steps:
+            run_system_once(res, system, step, i, runs)
 
 
 # --------------------------------------------------------------------------- fio
@@ -524,17 +560,24 @@ def run_system(
 ) -> None:
     for i in range(runs):
         for step in steps:
-            name = getattr(step, "__name__", "step")
-            say(f"{system}: run {i + 1}/{runs}: {name}")
-            try:
-                figs = step()
-            except Exception as e:  # noqa: BLE001 - one failing workload must not lose the others
-                msg = f"run {i + 1} {name}: {type(e).__name__}: {e}"
-                say(f"{system}: FAILED {msg}")
-                res.error(system, msg)
-                continue
-            res.add(system, figs)
-            say(f"{system}:   " + ", ".join(f"{k}={v:.1f}" for k, v in figs.items()))
+            run_system_once(res, system, step, i, runs)
+
+
+def run_system_once(
+    res: Results, system: str, step: Callable[[], dict[str, float]], i: int, runs: int
+) -> None:
+    name = getattr(step, "__name__", "step")
+    load = _read("/proc/loadavg").split()[:1]
+    say(f"{system}: run {i + 1}/{runs}: {name} (load {' '.join(load)})")
+    try:
+        figs = step()
+    except Exception as e:  # noqa: BLE001 - one failing workload must not lose the others
+        msg = f"run {i + 1} {name}: {type(e).__name__}: {e}"
+        say(f"{system}: FAILED {msg}")
+        res.error(system, msg)
+        return
+    res.add(system, figs)
+    say(f"{system}:   " + ", ".join(f"{k}={v:.1f}" for k, v in figs.items()))
 
 
 # --------------------------------------------------------------------------- growth checks
@@ -770,7 +813,7 @@ def render_markdown(report: dict[str, Any], res: Results) -> str:
         "| workload | unit | local disk | fs3 FUSE | JuiceFS | fs3 / local | fs3 / JuiceFS |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    posix = [
+    posix_all = [
         "seq_write",
         "seq_read",
         "rand_read_4k",
@@ -783,6 +826,10 @@ def render_markdown(report: dict[str, Any], res: Results) -> str:
         "small_write_fsync",
         "small_read",
     ]
+    # rows nobody measured (a partial run, e.g. --only meta) are left out
+    posix = [
+        f for f in posix_all if any(res.summary(x, f) for x in ("local", "fs3_fuse", "juicefs"))
+    ]
     for fig in posix:
         unit = FIGURES[fig][0]
         lines.append(
@@ -790,18 +837,24 @@ def render_markdown(report: dict[str, Any], res: Results) -> str:
             f"{_cell(res, 'juicefs', fig)} | {_f(ratio(res.median('fs3_fuse', fig), res.median('local', fig)), 2)} | "
             f"{_f(ratio(res.median('fs3_fuse', fig), res.median('juicefs', fig)), 2)} |"
         )
-    lines += [
-        "",
-        "## USRBIO",
-        "",
-        "| workload | unit | fs3 USRBIO shm | fs3 USRBIO tcp | local disk (fio) | shm / local | tcp / local |",
-        "|---|---|---:|---:|---:|---:|---:|",
+    usrbio = [
+        (fig, lf)
+        for fig, lf in (
+            ("usrbio_seq_write", "seq_write"),
+            ("usrbio_seq_read", "seq_read"),
+            ("usrbio_rand_read_4k", "rand_read_4k"),
+        )
+        if any(res.summary(x, fig) for x in ("fs3_usrbio_shm", "fs3_usrbio_tcp"))
     ]
-    for fig, lf in (
-        ("usrbio_seq_write", "seq_write"),
-        ("usrbio_seq_read", "seq_read"),
-        ("usrbio_rand_read_4k", "rand_read_4k"),
-    ):
+    if usrbio:
+        lines += [
+            "",
+            "## USRBIO",
+            "",
+            "| workload | unit | fs3 USRBIO shm | fs3 USRBIO tcp | local disk (fio) | shm / local | tcp / local |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
+    for fig, lf in usrbio:
         unit = FIGURES[fig][0]
         loc = res.median("local", lf)
         lines.append(
@@ -817,6 +870,8 @@ def render_markdown(report: dict[str, Any], res: Results) -> str:
         "|---|---:|---:|---:|---|---|",
     ]
     for t in report["targets"]:
+        if t["value"] is None and t["baseline"] is None:
+            continue  # not measured in this run
         met = "—" if t["met"] is None else ("yes" if t["met"] else "**no**")
         lines.append(
             f"| {t['target']} | {_f(t['value'])} | {_f(t['baseline'])} | {_f(t['ratio'], 2)} | "
@@ -883,6 +938,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "instead of measuring them (filling 100,000 entries takes longer than the rest); "
         "the report names the source, its date and commit",
     )
+    p.add_argument(
+        "--only",
+        choices=["meta"],
+        help="meta: only the metadata phases (create, stat, readdir, unlink of --meta-files files "
+        "in one directory) on fs3 FUSE and JuiceFS, both mounted at once and their runs "
+        "interleaved; no fio, small files, USRBIO or growth checks",
+    )
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument(
         "--quick",
@@ -893,6 +955,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if a.quick:
         a.runs, a.size, a.rand_seconds, a.meta_files, a.small_files = 1, "64M", 3.0, 300, 200
         a.ckpt_size, a.growth_entries, a.rss_sizes = "16M", 3000, "64M,256M"
+    if a.only == "meta":
+        a.growth_entries = 0
+        if a.systems == p.get_default("systems"):
+            a.systems = "fs3,juicefs"
     return a
 
 
@@ -938,30 +1004,34 @@ def main(argv: list[str] | None = None) -> int:
             d = base / "local"
             d.mkdir(exist_ok=True)
             w = workloads(str(d))
-            run_system(res, "local", w.all(), a.runs)
+            run_system(res, "local", [w.meta] if a.only == "meta" else w.all(), a.runs)
             w.finish()
             notes["local"] = w.notes
             shutil.rmtree(d, ignore_errors=True)
 
         # ---------------------------------------------------------------- fs3
-        if systems & {"fs3", "usrbio"}:
-            from fs3.testing.cluster import ProcessCluster
-
-            cdir, mnt = base / "fs3", base / "fs3-mnt"
-            mnt.mkdir(exist_ok=True)
-            say(
-                f"fs3: cluster up in {cdir} (3 storage nodes, 3 replicas, transport {a.transport}), mount {mnt}"
-            )
-            cluster = ProcessCluster(
-                cdir,
-                storage_nodes=3,
-                replicas=3,
-                transport=a.transport,
-                mount=str(mnt),
-                start_timeout_s=180,
-            )
-            cleanup.push("fs3 cluster", lambda: cluster.close())
-            cluster.start()
+        if a.only == "meta":
+            # metadata phases only: both systems up at once, their runs interleaved
+            steps: list[tuple[str, Callable[[], dict[str, float]]]] = []
+            dirs: list[Path] = []
+            if "fs3" in systems:
+                _cluster, mnt = fs3_up(base, a.transport, cleanup)
+                dirs.append(mnt / "bench")
+                steps.append(("fs3_fuse", workloads(str(dirs[-1])).meta))
+            if "juicefs" in systems:
+                dirs.append(juicefs_up(base, cleanup) / "bench")
+                steps.append(("juicefs", workloads(str(dirs[-1])).meta))
+            for d in dirs:
+                d.mkdir(exist_ok=True)
+            run_interleaved(res, steps, a.runs)
+            for d in dirs:
+                shutil.rmtree(d, ignore_errors=True)
+            cleanup.pop("juicefs")
+            cleanup.pop("fs3 cluster")
+            systems = {"fs3", "juicefs"} & systems
+        elif systems & {"fs3", "usrbio"}:
+            cluster, mnt = fs3_up(base, a.transport, cleanup)
+            cdir = base / "fs3"
             if "fs3" in systems:
                 d = mnt / "bench"
                 d.mkdir(exist_ok=True)
@@ -1028,8 +1098,8 @@ def main(argv: list[str] | None = None) -> int:
             cleanup.pop("fs3 cluster")
 
         # ---------------------------------------------------------------- JuiceFS
-        if "juicefs" in systems:
-            jmnt = mount_juicefs(base, cleanup)
+        if "juicefs" in systems and a.only != "meta":
+            jmnt = juicefs_up(base, cleanup)
             d = jmnt / "bench"
             d.mkdir(exist_ok=True)
             w = workloads(str(d))
@@ -1050,12 +1120,20 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine,
         "setup": (
             f"fs3: `fs3 cluster up` with 3 storage nodes x 2 targets, 3 replicas, 2 meta, 2 mgmtd, sqlite KV, "
-            f"transport {a.transport}, fsync before ack, FUSE mount with default options; USRBIO tcp through "
-            f"a second mount `-o transport=tcp`. JuiceFS: SQLite meta, local-directory object storage, "
-            f"default mount options (its local block cache included). Local: plain directory on the same "
-            f"disk."
+            f"transport {a.transport}, fsync before ack, FUSE mount with default options"
+            + ("" if a.only == "meta" else "; USRBIO tcp through a second mount `-o transport=tcp`")
+            + ". JuiceFS: SQLite meta, local-directory object storage, "
+            "default mount options (its local block cache included)."
+            + ("" if a.only == "meta" else " Local: plain directory on the same disk.")
+            + (
+                " Metadata phases only (`--only meta`): fs3 and JuiceFS mounted at once, run i of "
+                "each back to back (interleaved), one thread, one directory."
+                if a.only == "meta"
+                else ""
+            )
         ),
         "params": {
+            "only": a.only,
             "runs": a.runs,
             "size": size,
             "rand_seconds": a.rand_seconds,

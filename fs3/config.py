@@ -177,6 +177,7 @@ class StorageSection:
     io_threads: int = 16  # blocking chunk I/O pool per node (stage, data sync, commit, large reads)
     overlap_forward: bool = True  # forward a plain write down the chain while staging it locally
     direct_write: bool = True  # O_DIRECT for whole page-aligned chunk versions (saves a copy)
+    read_buffer_bytes: int = 1 << 30  # bytes all reads of the node may hold at once; more wait
 
     def validate(self) -> None:
         _check(1 <= self.io_threads <= 256, "io_threads must be in 1..256")
@@ -185,6 +186,7 @@ class StorageSection:
             "target_ids must be empty or as long as targets (with no targets: <data_dir>/t<N> per id)",
         )
         _check(0 < self.low_space_ratio <= 1, "low_space_ratio must be in (0, 1]")
+        _check(self.read_buffer_bytes >= 64 << 20, "read_buffer_bytes must be >= 64 MiB")
 
 
 @dataclass
@@ -254,9 +256,11 @@ class ClientSection:
     eof_length_from_storage: bool = False  # a read reaching meta's EOF also asks storage (QueryLastChunk) for unreported writes of other clients
     length_report_interval_s: float = 5.0  # long writers report file length this often
     routing_refresh_s: float = 2.0
+    dir_cache_s: float = 1.0  # Python API: directories on a path are reused this long unasked, like FUSE's entry_timeout_s (0 = off)
 
     def validate(self) -> None:
         _check(self.retry_deadline_s > 0, "retry_deadline_s must be > 0")
+        _check(self.dir_cache_s >= 0, "dir_cache_s must be >= 0")
         _check(self.connect_timeout_s > 0, "connect_timeout_s must be > 0")
         _check(self.io_depth >= 1, "io_depth must be >= 1")
         _check(self.readahead_chunks >= 0, "readahead_chunks must be >= 0")
@@ -264,9 +268,11 @@ class ClientSection:
 
 @dataclass
 class FuseSection:
-    attr_timeout_s: float = 1.0
-    entry_timeout_s: float = 1.0
-    negative_timeout_s: float = 0.0
+    # kernel caches (README "Mount options"; the defaults the suite's JuiceFS mount uses too)
+    attr_timeout_s: float = 1.0  # attributes (stat) of any inode
+    entry_timeout_s: float = 1.0  # a name -> inode lookup of a non-directory
+    dir_entry_timeout_s: float = 1.0  # a name -> inode lookup of a directory
+    negative_timeout_s: float = 0.0  # "no such entry" (0: not cached)
     max_readahead_kb: int = 16384
     writeback_cache: bool = False
     allow_other: bool = True
@@ -282,12 +288,24 @@ class FuseSection:
     def validate(self) -> None:
         _check(self.attr_timeout_s >= 0, "attr_timeout_s must be >= 0")
         _check(self.entry_timeout_s >= 0, "entry_timeout_s must be >= 0")
+        _check(self.dir_entry_timeout_s >= 0, "dir_entry_timeout_s must be >= 0")
         _check(self.negative_timeout_s >= 0, "negative_timeout_s must be >= 0")
         _check(self.max_readahead_kb >= 0, "max_readahead_kb must be >= 0")
         _check(1 <= self.max_background <= 65535, "max_background must be 1..65535")
         _check(self.max_tasks >= 1, "max_tasks must be >= 1")
         _check(self.write_behind_chunks >= 1, "write_behind_chunks must be >= 1")
         _check(self.write_buffer_age_s > 0, "write_buffer_age_s must be > 0")
+
+
+@dataclass
+class SecuritySection:
+    """Where the cluster secret is and how long chunk capabilities live (fs3/security)."""
+
+    secret_file: str = ""  # the cluster secret (0600); empty: fs3.secret beside the cluster file
+    capability_ttl_s: float = 120.0  # meta: life of a chunk capability (clients renew at half)
+
+    def validate(self) -> None:
+        _check(self.capability_ttl_s >= 1, "capability_ttl_s must be >= 1")
 
 
 # --------------------------------------------------------------------------- services
@@ -315,6 +333,7 @@ class MetaConfig:
     client: ClientSection = field(default_factory=ClientSection)
     transport: TransportSection = field(default_factory=TransportSection)
     rpc: RpcSection = field(default_factory=RpcSection)
+    security: SecuritySection = field(default_factory=SecuritySection)
 
 
 @dataclass
@@ -327,6 +346,7 @@ class StorageConfig:
     transport: TransportSection = field(default_factory=TransportSection)
     client: ClientSection = field(default_factory=ClientSection)
     rpc: RpcSection = field(default_factory=RpcSection)
+    security: SecuritySection = field(default_factory=SecuritySection)
 
 
 @dataclass

@@ -31,3 +31,16 @@ def valid_chunk_size(cs: int) -> bool:
 def chunk_size_rule() -> str:
     """The rule, worded once for every error message that refuses a chunk size."""
     return f"a power of two in [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}]"
+
+
+# One read request (a BatchRead, or one request on a ReadStream): at most this many
+# ios, asking for at most this many bytes together. The client's read batcher
+# (:mod:`fs3.client.storage_client`) sends at most 16 MiB per batch, or one piece
+# (at most a chunk) alone; storage (:mod:`fs3.storage.operator`) refuses more before
+# it reads anything, so no request makes a server hold more than a chunk's worth.
+MAX_READ_IOS = 1024
+MAX_READ_BATCH_BYTES = MAX_CHUNK_SIZE
+# Ops of one TruncateChunks / RemoveChunks / QueryLastChunk request, and chunks one
+# RemoveChunks op removes per call (the caller repeats while ``more``).
+MAX_CHUNK_OPS = 1024
+MAX_REMOVE_PER_CALL = 1024

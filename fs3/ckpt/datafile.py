@@ -17,8 +17,11 @@ checks every CRC (:class:`CorruptCheckpoint` on a mismatch).
 
 from __future__ import annotations
 
+import bisect
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -116,6 +119,80 @@ def write_items(
     return entries
 
 
+class _Arrivals:
+    """Tells which byte ranges of a file are complete as pieces of it arrive (from any thread).
+
+    ``ranges`` must not overlap. ``ready(i)`` is called once range ``i`` has
+    all its bytes (never for an empty range).
+    """
+
+    def __init__(self, ranges: Sequence[tuple[int, int]], ready: Callable[[int], None]) -> None:
+        order = sorted((i for i, (a, b) in enumerate(ranges) if b > a), key=lambda i: ranges[i][0])
+        self._ids = order
+        self._starts = [ranges[i][0] for i in order]
+        self._ends = [ranges[i][1] for i in order]  # sorted too: the ranges do not overlap
+        self._left = [ranges[i][1] - ranges[i][0] for i in order]
+        self._ready = ready
+        self._lock = threading.Lock()
+
+    def piece(self, offset: int, length: int) -> None:
+        end = offset + length
+        done = []
+        with self._lock:
+            j = bisect.bisect_right(self._ends, offset)  # the first range ending after offset
+            while j < len(self._starts) and self._starts[j] < end:
+                self._left[j] -= min(end, self._ends[j]) - max(offset, self._starts[j])
+                if self._left[j] == 0:
+                    done.append(self._ids[j])
+                j += 1
+        for i in done:
+            self._ready(i)
+
+
+def read_verified(
+    store: Store,
+    rel: str,
+    segs: Sequence[Segment],
+    entries: Sequence[IndexEntry],
+    views: Sequence[memoryview],
+    *,
+    inflight: int = INFLIGHT,
+) -> None:
+    """Read ``segs`` from ``rel`` and check each entry's CRC32C as soon as its bytes have arrived.
+
+    ``views[i]`` is the memory that the segments fill with ``entries[i]``'s
+    stored bytes (file range ``[offset, offset + length)``). The checks run
+    on a thread of their own while later pieces are still being read, so a
+    load costs little more than the read. Raises :class:`CorruptCheckpoint`
+    for the first entry whose bytes do not match.
+    """
+    bad: list[tuple[int, int]] = []  # (entry index, CRC32C read)
+
+    def check(i: int) -> None:
+        got = crc32c(views[i])
+        if got != entries[i].crc32c:
+            bad.append((i, got))
+
+    with ThreadPoolExecutor(1, thread_name_prefix="fs3-ckpt-crc") as checker:
+
+        def ready(i: int) -> None:
+            checker.submit(check, i)
+
+        arrivals = _Arrivals([(e.offset, e.offset + e.length) for e in entries], ready)
+        store.read_segments(rel, segs, inflight=inflight, on_piece=arrivals.piece)
+    for i, e in enumerate(entries):
+        if e.length == 0:
+            check(i)
+    if bad:
+        i, got = min(bad, key=lambda b: entries[b[0]].offset)
+        e = entries[i]
+        raise CorruptCheckpoint(
+            5,
+            f"CRC32C mismatch in {rel} for {e.name!r} at {e.toff}: stored {e.crc32c:#010x}, "
+            f"read {got:#010x}",
+        )
+
+
 def read_items(
     store: Store,
     rel: str,
@@ -143,12 +220,7 @@ def read_items(
         views.append(mv)
         if e.length:
             segs.append(Segment(e.offset, mv))
-    store.read_segments(rel, segs, inflight=inflight)
     if verify:
-        for e, mv in zip(entries, views, strict=True):
-            got = crc32c(mv)
-            if got != e.crc32c:
-                raise CorruptCheckpoint(
-                    5,
-                    f"CRC32C mismatch in {rel} for {e.name!r}: stored {e.crc32c:#010x}, read {got:#010x}",
-                )
+        read_verified(store, rel, segs, entries, views, inflight=inflight)
+    else:
+        store.read_segments(rel, segs, inflight=inflight)

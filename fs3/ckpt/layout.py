@@ -62,16 +62,28 @@ def dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
 
 
-def read_json(store: Store, rel: str) -> Any:
-    return json.loads(store.read_bytes(rel))
+Seen = dict[str, bytes]  # small files already read in one operation (a load reads each once)
 
 
-def read_manifest(store: Store, step: int) -> dict[str, Any]:
-    return dict(read_json(store, f"{step_dir(step)}/{MANIFEST}"))
+def _read(store: Store, rel: str, seen: Seen | None) -> bytes:
+    if seen is not None and rel in seen:
+        return seen[rel]
+    data = store.read_bytes(rel)
+    if seen is not None:
+        seen[rel] = data
+    return data
 
 
-def read_index(store: Store, step: int, rank: int) -> dict[str, Any]:
-    return dict(read_json(store, f"{step_dir(step)}/{index_name(rank)}"))
+def read_json(store: Store, rel: str, seen: Seen | None = None) -> Any:
+    return json.loads(_read(store, rel, seen))
+
+
+def read_manifest(store: Store, step: int, seen: Seen | None = None) -> dict[str, Any]:
+    return dict(read_json(store, f"{step_dir(step)}/{MANIFEST}", seen))
+
+
+def read_index(store: Store, step: int, rank: int, seen: Seen | None = None) -> dict[str, Any]:
+    return dict(read_json(store, f"{step_dir(step)}/{index_name(rank)}", seen))
 
 
 @dataclass
@@ -91,12 +103,12 @@ class CkptInfo:
         return dict(self.__dict__)
 
 
-def _check_own(store: Store, step: int) -> CkptInfo:
+def _check_own(store: Store, step: int, seen: Seen | None = None) -> CkptInfo:
     """Validity of ``step`` itself (marker, manifest, indexes, data sizes), not of its bases."""
     d = step_dir(step)
     info = CkptInfo(step, False)
     try:
-        man_bytes = store.read_bytes(f"{d}/{MANIFEST}")
+        man_bytes = _read(store, f"{d}/{MANIFEST}", seen)
     except OSError:
         info.reason = "no manifest (incomplete save)"
         return info
@@ -121,7 +133,7 @@ def _check_own(store: Store, step: int) -> CkptInfo:
         return info
     for r in man["ranks"]:
         try:
-            if crc32c(store.read_bytes(f"{d}/{r['index']}")) != r["index_crc32c"]:
+            if crc32c(_read(store, f"{d}/{r['index']}", seen)) != r["index_crc32c"]:
                 info.reason = f"{r['index']} does not match the manifest"
                 return info
             if store.size(f"{d}/{r['data']}") != r["data_bytes"]:
@@ -160,20 +172,23 @@ def list_checkpoints(store: Store) -> list[CkptInfo]:
     return list(infos.values())
 
 
-def check(store: Store, step: int) -> CkptInfo:
-    """Validity of ``step`` including the checkpoints it is a delta of (reads only that chain)."""
-    info = _check_own(store, step)
-    seen = {step}
+def check(store: Store, step: int, seen: Seen | None = None) -> CkptInfo:
+    """Validity of ``step`` including the checkpoints it is a delta of (reads only that chain).
+
+    ``seen`` collects the small files read (a load then does not read them again).
+    """
+    info = _check_own(store, step, seen)
+    visited = {step}
     todo = list(info.bases) if info.valid else []
     while todo:
         b = todo.pop()
-        if b in seen:
+        if b in visited:
             continue
         if b >= step:
             info.valid, info.reason = False, f"bad base chain at step {b}"
             break
-        seen.add(b)
-        bi = _check_own(store, b)
+        visited.add(b)
+        bi = _check_own(store, b, seen)
         if not bi.valid:
             info.valid, info.reason = False, f"base step {b} is invalid"
             break

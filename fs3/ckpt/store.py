@@ -24,22 +24,27 @@ never a torn one. That is what the success marker relies on.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
+import mmap
 import os
 import shutil
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from fs3.durable import write_durably
 
 IO_BYTES = 1 << 20  # one I/O = the default chunk size: each I/O touches one chain
-INFLIGHT = 32  # I/Os in flight per bulk call
+INFLIGHT = 64  # I/Os in flight per bulk call (over all its rings)
+RINGS = 2  # USRBIO rings (one thread each) per bulk call: one ring's Python work overlaps the other's waits
+
+OnPiece = Callable[[int, int], None]  # (file offset, length) of a finished I/O; any thread
 
 
 @dataclass
@@ -64,6 +69,46 @@ def _addr(mv: memoryview) -> int:
     return int(np.frombuffer(mv, dtype=np.uint8).ctypes.data) if len(mv) else 0
 
 
+_MADV_POPULATE_WRITE = 23  # Linux >= 5.14 (Python 3.11's mmap module does not name it)
+
+
+def anon_memory(nbytes: int, *, populate: bool) -> memoryview:
+    """Anonymous process memory of ``nbytes``, in transparent huge pages where the kernel allows.
+
+    Huge pages make a GiB 512 page faults instead of 262144 (each costs
+    microseconds on a virtual machine) and spare the TLB during copies.
+    ``populate``: map every page now, in one call (a snapshot buffer must not
+    fault while the caller waits for the copy into it); otherwise pages
+    appear on first write.
+    """
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    mm = mmap.mmap(-1, max(nbytes, 1), flags=flags)
+    try:
+        mm.madvise(mmap.MADV_HUGEPAGE)
+    except (AttributeError, OSError):
+        pass  # no THP here: 4 KiB pages
+    if populate:
+        try:
+            mm.madvise(_MADV_POPULATE_WRITE)
+        except OSError:  # an older kernel: populate at mmap time instead
+            mm.close()
+            mm = mmap.mmap(-1, max(nbytes, 1), flags=flags | getattr(mmap, "MAP_POPULATE", 0))
+    return memoryview(mm)[:nbytes]
+
+
+def memmove(dst: memoryview, src: memoryview) -> None:
+    """Copy ``src`` into ``dst`` (same length) with the GIL released.
+
+    A memoryview slice assignment holds the GIL for the whole copy; a ctypes
+    call drops it, so I/O threads and CRC checks keep running during copies.
+    """
+    n = len(src)
+    if n:
+        if len(dst) != n:
+            raise ValueError(f"copy of {n} bytes into {len(dst)}")
+        ctypes.memmove(_addr(dst), _addr(src), n)
+
+
 class Store:
     """The file operations a checkpoint needs, on paths relative to ``root``."""
 
@@ -72,11 +117,16 @@ class Store:
 
     # -- bulk data
     def alloc(self, nbytes: int) -> memoryview:
-        """A reusable host buffer of ``nbytes`` (zero-copy for this store's bulk I/O if it can be)."""
-        return memoryview(cast(Any, np.empty(max(nbytes, 1), dtype=np.uint8))).cast("B")[:nbytes]
+        """A host buffer of ``nbytes`` that this store's bulk I/O fills or drains with no copy if it can.
+
+        Read or write through it, then :meth:`free` it; views taken of it
+        (``buf[a:b]``, never of ``buf`` itself) stay valid after that, and the
+        memory goes with the last of them.
+        """
+        return anon_memory(nbytes, populate=False)
 
     def free(self, buf: memoryview | None) -> None:
-        """Give back a buffer from :meth:`alloc` (plain memory is left to the garbage collector)."""
+        """Done with bulk I/O on a buffer from :meth:`alloc` (plain memory is left to the collector)."""
 
     def write_segments(
         self, rel: str, segs: Sequence[Segment], *, size: int, inflight: int = INFLIGHT
@@ -84,8 +134,20 @@ class Store:
         """Create ``rel`` (replacing it) of ``size`` bytes from ``segs``, then fsync it."""
         raise NotImplementedError
 
-    def read_segments(self, rel: str, segs: Sequence[Segment], *, inflight: int = INFLIGHT) -> None:
-        """Fill every segment's buffer from ``rel``; a short read raises EIO."""
+    def read_segments(
+        self,
+        rel: str,
+        segs: Sequence[Segment],
+        *,
+        inflight: int = INFLIGHT,
+        on_piece: OnPiece | None = None,
+    ) -> None:
+        """Fill every segment's buffer from ``rel``; a short read raises EIO.
+
+        ``on_piece(offset, length)`` is called (from an I/O thread) as each
+        piece of the file lands in its buffer, so a caller can check and use
+        what has arrived while the rest is still being read.
+        """
         raise NotImplementedError
 
     # -- metadata
@@ -126,6 +188,16 @@ class Store:
 
 def _short(rel: str, want: int, got: int) -> OSError:
     return OSError(errno.EIO, f"short read of {rel}: {got} of {want} bytes")
+
+
+def _io_error(rel: str, write: bool, want: int, result: int) -> OSError:
+    """The error of a USRBIO I/O that returned ``result`` (-errno or a short count) for ``want`` bytes."""
+    op = "write" if write else "read"
+    if result < 0:
+        return OSError(-result, f"usrbio {op} of {rel}: {os.strerror(-result)}")
+    if write:
+        return OSError(errno.EIO, f"short usrbio write of {rel}: {result} of {want} bytes")
+    return _short(rel, want, result)
 
 
 # --------------------------------------------------------------------------- POSIX (+ USRBIO)
@@ -185,7 +257,15 @@ class PosixStore(Store):
         return self._pool
 
     def alloc(self, nbytes: int) -> memoryview:
-        if self.mount is None or nbytes == 0:
+        """On an fs3 mount: a fresh USRBIO Iov, so the agent reads into (writes from) it directly.
+
+        Measured (benchmarks/ckpt.py) cheaper than staging through the hot
+        staging Iov plus a copy into fresh process memory: the agent takes the
+        new pages' faults while it receives the data, and nothing is copied.
+        The Iov is shared memory (/dev/shm): a buffer that would take more
+        than half of what is free there is process memory instead (staged).
+        """
+        if self.mount is None or nbytes == 0 or nbytes > _shm_free() // 2:
             return super().alloc(nbytes)
         from fs3.usrbio import Iov
 
@@ -194,16 +274,16 @@ class PosixStore(Store):
         return iov.buf
 
     def free(self, buf: memoryview | None) -> None:
+        """Deregister an Iov from :meth:`alloc`; its mapping stays while views of it exist."""
         if buf is None or not len(buf):
             return
         hit = self._iov_of(buf)
         if hit is not None:
             self._iovs.remove(hit[0])
             try:
-                buf.release()
+                hit[0].close()  # unlinks the file; the pages live on in the views' mapping
             except BufferError:
-                pass  # still viewed somewhere: the mapping stays until those views go
-            hit[0].close()
+                pass  # ``buf`` itself is exported: the mapping stays until that export goes
 
     def _iov_of(self, mv: memoryview) -> tuple[Any, int] | None:
         a = _addr(mv)
@@ -231,83 +311,147 @@ class PosixStore(Store):
         finally:
             os.close(fd)
 
-    def read_segments(self, rel: str, segs: Sequence[Segment], *, inflight: int = INFLIGHT) -> None:
+    def read_segments(
+        self,
+        rel: str,
+        segs: Sequence[Segment],
+        *,
+        inflight: int = INFLIGHT,
+        on_piece: OnPiece | None = None,
+    ) -> None:
         fd = os.open(self._p(rel), os.O_RDONLY)
         try:
             ios = split_segments(segs)
             if self.mount is not None:
-                self._usrbio(fd, ios, inflight, write=False, rel=rel)
+                self._usrbio(fd, ios, inflight, write=False, rel=rel, on_piece=on_piece)
             else:
-                list(self._threads().map(lambda s: _pread_all(fd, s, rel), ios))
+
+                def one(s: Segment) -> None:
+                    _pread_all(fd, s, rel)
+                    if on_piece is not None:
+                        on_piece(s.offset, len(s.buf))
+
+                list(self._threads().map(one, ios))
         finally:
             os.close(fd)
 
-    def _usrbio(self, fd: int, ios: list[Segment], inflight: int, *, write: bool, rel: str) -> None:
-        """Run ``ios`` through a USRBIO ring, ``inflight`` at a time.
+    def _usrbio(
+        self,
+        fd: int,
+        ios: list[Segment],
+        inflight: int,
+        *,
+        write: bool,
+        rel: str,
+        on_piece: OnPiece | None = None,
+    ) -> None:
+        """Run ``ios`` (each at most ``IO_BYTES``) through ``RINGS`` USRBIO rings, ``inflight`` in all.
 
-        A segment inside an Iov from :meth:`alloc` goes straight from/to it;
-        any other is staged through a shared staging Iov (one copy).
+        Each ring has its own thread and its own slots of the staging Iov; the
+        rings take I/Os from one queue in file order, so pieces land roughly
+        front to back. A segment inside an Iov from :meth:`alloc` moves
+        straight from/to it; any other is staged through the ring's slot (one
+        copy, with the GIL released). On an error every ring stops taking
+        work, reaps what it has in flight (the agent must be done with the
+        staging slots before the next call reuses them) and the first error
+        is raised.
         """
         from fs3.usrbio import Ior, Iov, dereg_fd, prep_io, reg_fd, submit_ios, wait_for_ios
 
         assert self.mount is not None
-        with self._lock:  # a ring is single-threaded; stores are shared by writer threads
+        mount = self.mount
+        with self._lock:  # the staging Iov is shared; stores are shared by writer threads
             if self._staging is None:
-                self._staging = Iov(self.mount, self._staging_bytes)
+                self._staging = Iov(mount, self._staging_bytes)
             staging = self._staging
-            slot = max(1, min(IO_BYTES, self._staging_bytes // max(1, inflight)))
-            nslots = self._staging_bytes // slot
-            free = list(range(nslots))
-            reg_fd(fd)
-            ior = Ior(self.mount, entries=min(inflight, nslots), for_read=not write)
-            try:
+            nrings = max(1, min(RINGS, len(ios), inflight))
+            depth = max(1, inflight // nrings)
+            slot = max(1, min(IO_BYTES, self._staging_bytes // (depth * nrings)))
+            queue: list[Segment] = split_segments(ios, slot)[::-1]  # pop() takes the front
+            qlock = threading.Lock()
+            errors: list[BaseException] = []
+
+            def take() -> Segment | None:
+                with qlock:
+                    return queue.pop() if queue and not errors else None
+
+            def fail(e: BaseException) -> None:
+                with qlock:
+                    errors.append(e)
+
+            def ring(r: int) -> None:
+                free = [(r * depth + i) * slot for i in range(depth)]
+                try:
+                    ior = Ior(mount, entries=depth, for_read=not write)
+                except BaseException as e:  # noqa: BLE001 - re-raised by the caller below
+                    fail(e)
+                    return
                 pending = 0
-                it: Iterator[Segment] = iter(ios)
-                nxt = next(it, None)
-                while nxt is not None or pending:
-                    while nxt is not None and ior.in_flight < ior.entries:
-                        s = nxt
-                        hit = self._iov_of(s.buf)
-                        if hit is not None:
-                            iov, off = hit
-                            prep_io(ior, iov, off, fd, s.offset, len(s.buf), userdata=(s, None))
-                        elif len(s.buf) <= slot and free:
-                            k = free.pop()
-                            if write:
-                                staging.buf[k * slot : k * slot + len(s.buf)] = s.buf
-                            prep_io(
-                                ior, staging, k * slot, fd, s.offset, len(s.buf), userdata=(s, k)
-                            )
-                        elif len(s.buf) > slot:
-                            # bigger than a staging slot: split and retry
-                            rest = split_segments([s], slot)
-                            it = iter(rest + list(it))
-                            nxt = next(it, None)
-                            continue
-                        else:
-                            break  # no free staging slot: reap first
-                        pending += 1
-                        nxt = next(it, None)
-                    submit_ios(ior)
-                    for c in wait_for_ios(ior, max_results=ior.entries, min_results=1):
-                        pending -= 1
-                        seg, k = c.userdata
-                        if c.result < 0:
-                            raise OSError(
-                                -c.result,
-                                f"usrbio {'write' if write else 'read'} of {rel}: {os.strerror(-c.result)}",
-                            )
-                        if c.result != len(seg.buf):
-                            if write:
-                                raise OSError(errno.EIO, f"short usrbio write of {rel}")
-                            raise _short(rel, len(seg.buf), c.result)
-                        if k is not None:
-                            if not write:
-                                seg.buf[:] = staging.buf[k * slot : k * slot + len(seg.buf)]
-                            free.append(k)
+                try:
+                    while True:
+                        # a staged I/O holds a slot, a direct one does not: below depth, one is free
+                        while pending < depth:
+                            s = take()
+                            if s is None:
+                                break
+                            hit = self._iov_of(s.buf)
+                            if hit is not None:
+                                prep_io(
+                                    ior,
+                                    hit[0],
+                                    hit[1],
+                                    fd,
+                                    s.offset,
+                                    len(s.buf),
+                                    userdata=(s, None),
+                                )
+                            else:
+                                k = free.pop()
+                                if write:
+                                    memmove(staging.buf[k : k + len(s.buf)], s.buf)
+                                prep_io(ior, staging, k, fd, s.offset, len(s.buf), userdata=(s, k))
+                            pending += 1
+                        if not pending:
+                            return
+                        submit_ios(ior)
+                        for c in wait_for_ios(ior, max_results=depth, min_results=1):
+                            pending -= 1
+                            seg, k = c.userdata
+                            if k is not None:
+                                free.append(k)
+                            if errors:
+                                continue  # draining after a failure elsewhere
+                            if c.result != len(seg.buf):
+                                raise _io_error(rel, write, len(seg.buf), c.result)
+                            if k is not None and not write:
+                                memmove(seg.buf, staging.buf[k : k + len(seg.buf)])
+                            if on_piece is not None:
+                                on_piece(seg.offset, len(seg.buf))
+                except BaseException as e:  # noqa: BLE001 - re-raised by the caller below
+                    fail(e)
+                    try:
+                        while ior.in_flight:
+                            wait_for_ios(ior, max_results=depth, min_results=1)
+                    except Exception:  # noqa: BLE001 - the agent is gone: nothing left in flight
+                        pass
+                finally:
+                    ior.close()
+
+            reg_fd(fd)
+            try:
+                threads = [
+                    threading.Thread(target=ring, args=(r,), name=f"fs3-ckpt-ring-{r}")
+                    for r in range(1, nrings)
+                ]
+                for t in threads:
+                    t.start()
+                ring(0)
+                for t in threads:
+                    t.join()
             finally:
-                ior.close()
                 dereg_fd(fd)
+            if errors:
+                raise errors[0]
 
     # -- metadata
     def makedirs(self, rel: str) -> None:
@@ -347,6 +491,17 @@ class PosixStore(Store):
         for iov in self._iovs:
             iov.close()
         self._iovs.clear()
+
+
+def _shm_free() -> int:
+    """Bytes free in /dev/shm, where USRBIO Iovs live (0 if it cannot be told)."""
+    from fs3.transport.region import SHM_DIR
+
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
 
 
 def _pwrite_all(fd: int, s: Segment) -> None:
@@ -412,7 +567,14 @@ class ClientStore(Store):
                 f.truncate(size)
             f.fsync()
 
-    def read_segments(self, rel: str, segs: Sequence[Segment], *, inflight: int = INFLIGHT) -> None:
+    def read_segments(
+        self,
+        rel: str,
+        segs: Sequence[Segment],
+        *,
+        inflight: int = INFLIGHT,
+        on_piece: OnPiece | None = None,
+    ) -> None:
         core = self.client.core
         with self.client.open(self._p(rel), "rb", buffering=0) as f:
             h = f.handle
@@ -421,6 +583,8 @@ class ClientStore(Store):
                 n = await core.readinto(h, s.offset, s.buf)
                 if n != len(s.buf):
                     raise _short(rel, len(s.buf), n)
+                if on_piece is not None:
+                    on_piece(s.offset, n)
 
             self.client._run(self._gather(one, split_segments(segs), inflight), rel)
 

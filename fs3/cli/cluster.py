@@ -808,8 +808,6 @@ class LocalCluster:
             cluster_id = str(confs[0][4]["cluster"]["id"])
             for _, _, name, role, cfg in confs:
                 ports = [int(cfg["node"]["port"]), int(cfg["metrics"]["port"])]
-                if role == "storage":
-                    ports.append(int(cfg["transport"]["tcp_port"]))
                 rec = self._record(name, role, ports, int(cfg["node"]["id"]))
                 rec.pid, rec.start_ticks = _find_process(rec.command)
                 recs.append(rec)
@@ -900,8 +898,8 @@ class LocalCluster:
             ("storage", spec.storage_nodes),
         ):
             names += [(f"{role}-{i}", role, i) for i in range(1, count + 1)]
-        # each process: grpc port + metrics port; storage also its tcp data port
-        need = sum(3 if role == "storage" else 2 for _, role, _ in names)
+        # each process: its RPC port (native and gRPC) + metrics port
+        need = 2 * len(names)
         if spec.base_port:
             ports = list(range(spec.base_port, spec.base_port + need))
         else:
@@ -910,8 +908,7 @@ class LocalCluster:
         mgmtd_ports: dict[str, int] = {}
         recs: list[ProcRecord] = []
         for name, role, i in names:
-            # grpc, metrics (and the storage data port)
-            own = [next(it) for _ in range(3 if role == "storage" else 2)]
+            own = [next(it), next(it)]  # RPC, metrics
             rec = self._record(name, role, own, NODE_ID_BASE[role] + i)
             if role == "mgmtd":
                 mgmtd_ports[name] = own[0]
@@ -972,7 +969,6 @@ class LocalCluster:
                     "targets": targets,
                     "target_ids": [i * 100 + j for j in range(1, spec.targets_per_node + 1)],
                 }
-                settings["transport"]["tcp_port"] = rec.ports[2]
             optional = _merge(LOCAL_SETTINGS.get(rec.role, {}), {"node": {"name": rec.name}})
             final = _merge(settings, spec.overrides.get(rec.role, {}))
             text = render_config(rec.role, final, optional, rec.config)

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import errno as _errno
 import itertools
 import logging
@@ -68,6 +69,7 @@ from fs3.errors import Code, FsError, posix
 from fs3.proto import common_pb2, meta_pb2
 from fs3.routing import Routing, RoutingWatcher
 from fs3.rpc.channel import ChannelPool
+from fs3.security.capability import CapabilityCache
 from fs3.transport.base import ClientTransport
 
 log = logging.getLogger("fs3.client")
@@ -76,6 +78,9 @@ ROOT_INODE = 1
 MAX_SYMLINK_FOLLOW = 40
 NAME_MAX = 255
 LOOKUP_PATH_MAX = 64  # names per LookupPath RPC (meta's limit)
+CLOSE_SESSIONS_MAX = 1024  # sessions per CloseSessions RPC (meta's limit)
+QUIET_CLOSE_DELAY_S = 0.02  # how long a quietly closed session waits for a request to ride on
+DIR_CACHE_MAX = 65536  # (parent, name) keys of directories remembered for path resolution
 
 # SetAttr valid bits (meta.proto SetAttrField), re-exported for callers.
 SETATTR_MODE = meta_pb2.SETATTR_MODE
@@ -217,6 +222,14 @@ class FileHandle:
         return (self.flags & os.O_ACCMODE) in (os.O_RDONLY, os.O_RDWR)
 
 
+@dataclass
+class _CachedDir:
+    """A directory met while resolving a path, and until when it may be used unasked."""
+
+    expires: float
+    attr: meta_pb2.Attr
+
+
 @dataclass(eq=False)
 class _PendingWrite:
     """A write-behind write in flight: its file range and task."""
@@ -261,6 +274,13 @@ def layout_of(attr: meta_pb2.Attr) -> Layout:
     )
 
 
+# Who asks for a chunk capability when no open handle of the inode can (a path
+# truncate): set around that storage work, read by AsyncClient._fetch_capability.
+_CAP_CALLER: contextvars.ContextVar[tuple[Caller, str] | None] = contextvars.ContextVar(
+    "fs3_cap_caller", default=None
+)
+
+
 class AsyncClient:
     """The fs3 client core (asyncio). Create with :meth:`connect`; close with :meth:`close`."""
 
@@ -298,10 +318,22 @@ class AsyncClient:
             self.policy,
             io_depth=c.io_depth,
         )
+        # Chunk capabilities from meta (Open/Create answers, then GetCapability), renewed
+        # before they expire, so storage I/O of every path (Python API, FUSE, USRBIO) has one.
+        self.capabilities = CapabilityCache(self._fetch_capability)
+        self.storage.caps = self.capabilities
         self._fh_ids = itertools.count(1)
         self._handles: dict[int, FileHandle] = {}
         self._reporter: asyncio.Task[None] | None = None
         self._closed = False
+        # Sessions of handles closed with nothing to report, not yet ended at meta
+        # (see release): caller -> [(inode, session id)], and the task ending them.
+        self._quiet_closes: dict[tuple[int, int, tuple[int, ...]], list[tuple[int, str]]] = {}
+        self._quiet_callers: dict[tuple[int, int, tuple[int, ...]], Caller] = {}
+        self._closer: asyncio.Task[None] | None = None
+        # Python API path resolution: directories met on a path, (parent, name) ->
+        # {caller key: (expiry, attr)}; see _steps.
+        self._dirs: dict[tuple[int, bytes], dict[tuple[int, int, tuple[int, ...]], _CachedDir]] = {}
 
     # ================================================================== lifecycle
 
@@ -382,6 +414,7 @@ class AsyncClient:
         for h in list(self._handles.values()):
             with contextlib.suppress(FsError):
                 await self.release(h)
+        await self.flush_closes()
         if self._reporter is not None:
             self._reporter.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -494,13 +527,19 @@ class AsyncClient:
                     await self._report(h)
         r = await self.meta.call("SetAttr", req)
         attr = r.attr
+        if _stat.S_ISDIR(attr.mode) and valid & (SETATTR_MODE | SETATTR_UID | SETATTR_GID):
+            self._dirs.clear()  # a directory's permissions changed: ask again on every path
         if valid & (SETATTR_MTIME | SETATTR_MTIME_NOW):
             # An explicit mtime wins over writes made before it (cp -p, tar).
             for h in self._handles_of(inode):
                 h.write_mtime_ns = 0
         if size is not None:
             if r.need_truncate:
-                await self._trim(attr, size)
+                ctx = _CAP_CALLER.set((caller, req.session_id))
+                try:
+                    await self._trim(attr, size)
+                finally:
+                    _CAP_CALLER.reset(ctx)
             self._after_truncate(attr)
         return self._overlay(attr)
 
@@ -656,12 +695,18 @@ class AsyncClient:
     async def _remove(
         self, method: str, caller: Caller, parent: int, name: str | bytes
     ) -> meta_pb2.RemoveResponse:
-        r = await self.meta.call(
-            method,
-            meta_pb2.RemoveRequest(
-                user=caller.to_proto(), request_id=new_request_id(), parent=parent, name=_name(name)
-            ),
-        )
+        try:
+            r = await self.meta.call(
+                method,
+                meta_pb2.RemoveRequest(
+                    user=caller.to_proto(),
+                    request_id=new_request_id(),
+                    parent=parent,
+                    name=_name(name),
+                ),
+            )
+        finally:
+            self._dirs.pop((parent, _name(name)), None)
         self._parent_changed(r)
         return r  # type: ignore[no-any-return]
 
@@ -675,18 +720,22 @@ class AsyncClient:
         flags: int = 0,
     ) -> meta_pb2.RenameResponse:
         """rename/renameat2 (``flags``: RENAME_NOREPLACE=1, RENAME_EXCHANGE=2)."""
-        return await self.meta.call(
-            "Rename",
-            meta_pb2.RenameRequest(
-                user=caller.to_proto(),
-                request_id=new_request_id(),
-                parent=parent,
-                name=_name(name),
-                new_parent=new_parent,
-                new_name=_name(new_name),
-                flags=flags,
-            ),
-        )
+        try:
+            return await self.meta.call(
+                "Rename",
+                meta_pb2.RenameRequest(
+                    user=caller.to_proto(),
+                    request_id=new_request_id(),
+                    parent=parent,
+                    name=_name(name),
+                    new_parent=new_parent,
+                    new_name=_name(new_name),
+                    flags=flags,
+                ),
+            )
+        finally:
+            self._dirs.pop((parent, _name(name)), None)
+            self._dirs.pop((new_parent, _name(new_name)), None)
 
     async def readdir(
         self,
@@ -785,38 +834,81 @@ class AsyncClient:
         ``mode``: permission bits after umask. ``flags``: open flags (O_CREAT
         implied; O_EXCL → EEXIST if it exists; O_TRUNC truncates an existing one).
         """
-        r = await self.meta.call(
-            "Create",
-            meta_pb2.CreateRequest(
-                user=caller.to_proto(),
-                request_id=new_request_id(),
-                parent=parent,
-                name=_name(name),
-                mode=mode,
-                flags=flags,
-                client_id=self.client_id,
-            ),
+        req = meta_pb2.CreateRequest(
+            user=caller.to_proto(),
+            request_id=new_request_id(),
+            parent=parent,
+            name=_name(name),
+            mode=mode,
+            flags=flags,
+            client_id=self.client_id,
         )
+        r = await self._with_quiet_closes("Create", req, caller)
         self._parent_changed(r)
         h = await self._opened(caller, r, flags)
         return h, self._overlay(r.attr)
 
     async def open(self, caller: Caller, inode: int, flags: int) -> FileHandle:
         """Open ``inode`` with ``flags`` (O_ACCMODE, O_TRUNC, O_APPEND ...)."""
+        req = meta_pb2.OpenRequest(
+            user=caller.to_proto(),
+            request_id=new_request_id(),
+            inode=inode,
+            flags=flags,
+            client_id=self.client_id,
+        )
+        r = await self._with_quiet_closes("Open", req, caller)
+        return await self._opened(caller, r, flags)
+
+    async def _fetch_capability(self, inode: int, write: bool) -> bytes:
+        """A fresh grant from meta, asked as an open handle of ``inode`` that has the right
+        (renewed by its session), else as the caller doing a path operation (``_CAP_CALLER``)."""
+        who: tuple[Caller, str] | None = None
+        for h in self._handles_of(inode):
+            if not h.closed and (h.writable if write else h.readable or h.writable):
+                who = (h.caller, h.session_id)
+                if h.writable if write else h.readable:
+                    break
+        if who is None:
+            who = _CAP_CALLER.get()
+        if who is None:
+            raise FsError(
+                Code.PERMISSION_DENIED,
+                f"no open handle of inode {inode} to ask meta for a {'write' if write else 'read'} grant",
+            )
         r = await self.meta.call(
-            "Open",
-            meta_pb2.OpenRequest(
-                user=caller.to_proto(),
-                request_id=new_request_id(),
-                inode=inode,
-                flags=flags,
-                client_id=self.client_id,
+            "GetCapability",
+            meta_pb2.GetCapabilityRequest(
+                user=who[0].to_proto(), inode=inode, write=write, session_id=who[1]
             ),
         )
-        return await self._opened(caller, r, flags)
+        return bytes(r.capability)
+
+    async def _with_quiet_closes(self, method: str, req: Any, caller: Caller) -> Any:
+        """Call ``method`` with the caller's quietly closed sessions riding along.
+
+        Meta ends them in the request's own transaction; if the request fails
+        they go back to the queue (ending a session twice is harmless).
+        """
+        key = _caller_key(caller)
+        refs = self._quiet_closes.pop(key, [])
+        if len(refs) > CLOSE_SESSIONS_MAX:
+            self._quiet_closes[key] = refs[CLOSE_SESSIONS_MAX:]
+            refs = refs[:CLOSE_SESSIONS_MAX]
+        for ino, sid in refs:
+            req.close_sessions.add(inode=ino, session_id=sid)
+        try:
+            return await self.meta.call(method, req)
+        except BaseException:
+            if refs:
+                self._quiet_closes[key] = refs + self._quiet_closes.get(key, [])
+                self._start_closer()
+            raise
 
     async def _opened(self, caller: Caller, r: meta_pb2.OpenResponse, flags: int) -> FileHandle:
         attr = r.attr
+        if r.capability:
+            self.capabilities.put(r.capability)
         lay = layout_of(attr)
         h = FileHandle(
             fh=next(self._fh_ids),
@@ -831,6 +923,7 @@ class AsyncClient:
             known_length=int(attr.size),
         )
         if r.need_truncate:
+            ctx = _CAP_CALLER.set((caller, r.session_id))
             try:
                 await self._wait_inode(h.inode)  # our own writes in flight must not land after it
                 await self._trim(attr, int(attr.size))
@@ -840,6 +933,8 @@ class AsyncClient:
                     with contextlib.suppress(FsError):
                         await self._close_session(h, with_hint=False)
                 raise
+            finally:
+                _CAP_CALLER.reset(ctx)
         self._handles[h.fh] = h
         return h
 
@@ -1115,6 +1210,14 @@ class AsyncClient:
     async def release(self, fh: FileHandle) -> None:
         """Close the handle: a writer's final length goes to meta with the session close.
 
+        A handle with nothing to report (it wrote nothing: no length, no mtime)
+        costs no round trip: its session is queued and ends in the transaction
+        of this caller's next Create/Open, or, if none comes within
+        :data:`QUIET_CLOSE_DELAY_S`, in one ``CloseSessions`` request (one KV
+        transaction) for the whole queue. Until then the file only looks open to
+        meta a little longer (an unlink keeps it as an orphan for those
+        milliseconds). :meth:`flush_closes` waits until the queue is empty.
+
         A write-behind failure is raised after the session is closed.
         """
         if fh.closed:
@@ -1127,7 +1230,10 @@ class AsyncClient:
             except FsError as e:
                 err = e
             if fh.session_id:
-                await self._close_session(fh, with_hint=True)
+                if err is None and self._quiet(fh) and not self._closed:
+                    self._defer_close(fh)
+                else:
+                    await self._close_session(fh, with_hint=True)
         finally:
             fh.closed = True
             self._handles.pop(fh.fh, None)
@@ -1202,7 +1308,7 @@ class AsyncClient:
         if not parts:
             return cur, None
         if len(parts) > 1:
-            cur = await self._steps(caller, cur, parts[:-1], [depth])
+            cur = await self._steps(caller, cur, parts[:-1], [depth], cache_last=True)
         return cur, parts[-1]
 
     async def _steps(
@@ -1215,6 +1321,7 @@ class AsyncClient:
         follow_last: bool = True,
         last_dir: bool = True,
         last_counter: list[int] | None = None,
+        cache_last: bool = False,
     ) -> meta_pb2.Attr:
         """:meth:`_step` over ``comps`` in turn, with one LookupPath RPC per run of names.
 
@@ -1222,11 +1329,24 @@ class AsyncClient:
         one RPC plus one per symlink it passes; errors and their order are those
         of a walk one name at a time. ``follow_last``/``last_dir``/``last_counter``
         apply to the final name (as :meth:`_step`'s ``follow``/``must_be_dir``/``counter``).
+
+        Directories met on the way are remembered per caller for
+        ``[client] dir_cache_s`` (like the kernel's dentries for a FUSE mount's
+        ``entry_timeout_s``) and reused without asking meta: every name but the
+        last, and the last too if ``cache_last`` (a parent directory, whose
+        attributes the caller does not use). Own rmdir/rename/chmod drop them;
+        another client's renames show within ``dir_cache_s``.
         """
         i, n = 0, len(comps)
+        who = _caller_key(caller)
         while i < n:
             if not _stat.S_ISDIR(cur.mode):
                 raise posix(_errno.ENOTDIR, "not a directory")
+            known = self._cached_dir(who, cur.inode, comps[i]) if i < n - 1 or cache_last else None
+            if known is not None:
+                cur = known
+                i += 1
+                continue
             batch = comps[i : i + LOOKUP_PATH_MAX]
             for j, c in enumerate(batch):  # a too-long name fails at its own step
                 if len(c) > NAME_MAX:
@@ -1236,6 +1356,8 @@ class AsyncClient:
                     break
             attrs = await self._lookup_path(caller, cur.inode, batch)
             for attr in attrs:
+                if _stat.S_ISDIR(attr.mode):
+                    self._remember_dir(who, cur.inode, comps[i], attr)
                 final = i == n - 1
                 followed = _stat.S_ISLNK(attr.mode)
                 cur = await self._after_lookup(
@@ -1250,6 +1372,26 @@ class AsyncClient:
                 if followed:
                     break  # the link led elsewhere: continue from there in a new batch
         return cur
+
+    def _cached_dir(
+        self, who: tuple[int, int, tuple[int, ...]], parent: int, name: bytes
+    ) -> meta_pb2.Attr | None:
+        """A directory this caller met at (parent, name) less than ``dir_cache_s`` ago."""
+        got = self._dirs.get((parent, name))
+        hit = got.get(who) if got else None
+        if hit is None or hit.expires < time.monotonic():
+            return None
+        return hit.attr
+
+    def _remember_dir(
+        self, who: tuple[int, int, tuple[int, ...]], parent: int, name: bytes, attr: meta_pb2.Attr
+    ) -> None:
+        ttl = self.config.client.dir_cache_s
+        if ttl <= 0:
+            return
+        if len(self._dirs) >= DIR_CACHE_MAX:
+            self._dirs.clear()
+        self._dirs.setdefault((parent, name), {})[who] = _CachedDir(time.monotonic() + ttl, attr)
 
     async def _lookup_path(
         self, caller: Caller, parent: int, names: list[bytes]
@@ -1426,6 +1568,60 @@ class AsyncClient:
         await self.meta.call("Close", req)
         fh.dirty = False
 
+    def _quiet(self, fh: FileHandle) -> bool:
+        """True if closing ``fh`` has nothing to tell meta but the end of its session."""
+        if fh.pending or fh.error is not None:
+            return False
+        probe = meta_pb2.CloseRequest()
+        self._hint(fh, probe)
+        return not probe.has_length_hint and not probe.HasField("mtime")
+
+    def _defer_close(self, fh: FileHandle) -> None:
+        key = _caller_key(fh.caller)
+        self._quiet_callers[key] = fh.caller
+        self._quiet_closes.setdefault(key, []).append((fh.inode, fh.session_id))
+        self._start_closer()
+
+    def _start_closer(self) -> None:
+        if self._closer is None or self._closer.done():
+            self._closer = asyncio.create_task(self._end_quiet_sessions(), name="fs3-closer")
+
+    async def _end_quiet_sessions(self) -> None:
+        """End the queued sessions, a ``CloseSessions`` request per caller and batch.
+
+        Waits :data:`QUIET_CLOSE_DELAY_S` first: a client opening or creating
+        files one after another takes them along with its next request instead.
+        """
+        if not self._closed:
+            await asyncio.sleep(QUIET_CLOSE_DELAY_S)
+        while self._quiet_closes:
+            key, refs = next(iter(self._quiet_closes.items()))
+            batch, rest = refs[:CLOSE_SESSIONS_MAX], refs[CLOSE_SESSIONS_MAX:]
+            if rest:
+                self._quiet_closes[key] = rest
+            else:
+                del self._quiet_closes[key]
+            caller = self._quiet_callers[key]
+            req = meta_pb2.CloseSessionsRequest(
+                user=caller.to_proto(),
+                sessions=[meta_pb2.SessionRef(inode=i, session_id=s) for i, s in batch],
+            )
+            try:
+                await self.meta.call("CloseSessions", req)
+            except FsError as e:
+                # Like a client that died with files open: meta keeps the sessions
+                # until PruneSessions of this client id.
+                log.warning("ending %d sessions at meta failed: %s", len(batch), e)
+
+    async def flush_closes(self) -> None:
+        """Wait until every session of a quietly closed handle was ended at meta."""
+        while self._closer is not None and not self._closer.done():
+            await asyncio.shield(self._closer)
+        if self._quiet_closes:  # queued while nothing ran (e.g. after a failure)
+            self._start_closer()
+            assert self._closer is not None
+            await self._closer
+
     async def _report_loop(self) -> None:
         """Report lengths of long writers every ``length_report_interval_s``."""
         interval = self.config.client.length_report_interval_s
@@ -1438,6 +1634,10 @@ class AsyncClient:
                         await self._report(h)
                     except FsError as e:
                         log.warning("periodic length report of inode %d failed: %s", h.inode, e)
+
+
+def _caller_key(c: Caller) -> tuple[int, int, tuple[int, ...]]:
+    return (c.uid, c.gid, tuple(c.groups))
 
 
 def _consume(t: asyncio.Task[Any]) -> None:

@@ -266,6 +266,14 @@ class Client:
                     raise FsError(4000, "exists", errno=_errno.EEXIST)
                 _refuse_dir(attr)
                 return await core.open(caller, attr.inode, flags & ~(os.O_CREAT | os.O_EXCL))
+            # One Create RPC creates the file or opens an existing one (EEXIST with
+            # O_EXCL, EISDIR for a directory); only a symlink (ELOOP) needs the walk below.
+            try:
+                h, _attr = await core.create(caller, parent.inode, name, 0o666 & ~self.umask, flags)
+                return h
+            except FsError as e:
+                if e.errno != _errno.ELOOP or flags & os.O_EXCL:
+                    raise
             try:
                 existing = await core.lookup(caller, parent.inode, name)
             except FsError as e:

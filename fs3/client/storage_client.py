@@ -51,6 +51,7 @@ from fs3.errors import Code, FsError
 from fs3.proto import storage_pb2, storage_pb2_grpc
 from fs3.routing import Routing
 from fs3.rpc.channel import BidiStream, ChannelPool, call
+from fs3.security.capability import CapabilitySource
 from fs3.transport.base import (
     DONE,
     ClientTransport,
@@ -65,7 +66,7 @@ from fs3.transport.base import (
 
 log = logging.getLogger("fs3.client.storage")
 
-# ios per BatchRead RPC: the storage server accepts up to 1024 (fs3.storage.operator.MAX_READ_IOS);
+# ios per BatchRead RPC: the storage server accepts up to 1024 (fs3.limits.MAX_READ_IOS);
 # 256 keeps one response small and lets several batches to one node run at once.
 MAX_BATCH_READ_IOS = 256
 
@@ -82,6 +83,8 @@ _ROUTING_ERRORS = frozenset(
         Code.TRANSPORT,
     }
 )
+# A capability storage refused: fetch a fresh one (fs3/security/capability.py).
+_CAP_ERRORS = frozenset({Code.CAPABILITY_EXPIRED, Code.PERMISSION_DENIED})
 # Per-replica read failures worth trying on another replica.
 _TRY_OTHER_REPLICA = frozenset(
     {
@@ -101,7 +104,8 @@ MAX_CHANNELS = 65535
 _T = TypeVar("_T")
 
 # bytes asked for per batch: an answer's bulk payload stays far below the native
-# transport's payload limit ([rpc] max_payload_bytes, 64 MiB by default)
+# transport's payload limit ([rpc] max_payload_bytes, 64 MiB by default) and the
+# server's per-request limit (fs3.limits.MAX_READ_BATCH_BYTES); a larger piece goes alone
 MAX_BATCH_READ_BYTES = 16 << 20
 
 # a read of read_many: (inode, chains, chunk size, file offset, destination, file length)
@@ -481,6 +485,9 @@ class StorageClient:
         self._target_load: dict[int, int] = {}
         self._streams: dict[str, NodeReadStream] = {}
         self._no_stream: set[str] = set()
+        # Where chunk capabilities come from (fs3/security/capability.py): the client's
+        # grants from meta, or a service's own token; None: send none (no cluster secret).
+        self.caps: CapabilitySource | None = None
         self.stats = {
             "read_streams_opened": 0,
             "read_retries": 0,
@@ -634,6 +641,21 @@ class StorageClient:
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
 
+    async def _cap(self, inode: int, write: bool) -> bytes:
+        """The capability for I/O on ``inode`` (empty when there is no source)."""
+        return b"" if self.caps is None else await self.caps.token(inode, write)
+
+    def _cap_refused(self, inode: int, token: bytes, e: FsError, attempt: int) -> FsError:
+        """``e`` as the attempt should raise it: a refused capability is dropped and the
+        retry fetches a fresh one (an expired grant always; a denied one once, since
+        meta answers a real lack of permission with EACCES on the fetch)."""
+        if self.caps is None or e.code not in _CAP_ERRORS:
+            return e
+        self.caps.invalidate(inode, token)
+        if e.code == Code.CAPABILITY_EXPIRED or attempt == 1:
+            return FsError(e.code, e.message, errno=e.errno, retryable=True)
+        return e
+
     def _head(self, routing: Routing, chain_id: int) -> tuple[int, Any, int]:
         """(head target id, its node, chain version) or a retryable error."""
         with _stale_routing_is_retryable():
@@ -689,6 +711,7 @@ class StorageClient:
                 if n > 1:
                     self.stats["write_retries"] += 1
                 head, node, version = self._head(self._routing(), p.chain_id)
+                token = await self._cap(inode, True)
                 bulk: memoryview | None = None
                 if self._pool.carries_payload and not self.transport.one_sided(node.address, data):
                     bulk, ref, sent = data, frame_ref(len(data)), DONE
@@ -711,6 +734,7 @@ class StorageClient:
                     tag=tag,
                     retry_count=n - 1,
                     target_id=head,
+                    capability=token,
                 )
                 try:
                     resp = await call(
@@ -720,6 +744,8 @@ class StorageClient:
                         what=f"storage.Write@{node.address}",
                         payload=bulk,
                     )
+                except FsError as e:
+                    raise self._cap_refused(inode, token, e, n) from None
                 finally:
                     await _settle(sent)
                 res = resp.result
@@ -830,13 +856,16 @@ class StorageClient:
                         bad.clear()  # every replica failed once: start over
                     target = self._least_loaded(candidates)
                 node = routing.node_of_target(target)
+            token = await self._cap(inode, False)
             load = self._target_load
             load[target] = load.get(target, 0) + 1
             try:
                 return await self._read_once(
-                    inode, p, dest, node, target, int(chain.version), deadline, holes
+                    inode, p, dest, node, target, int(chain.version), deadline, holes, token
                 )
             except FsError as e:
+                if e.code in _CAP_ERRORS:
+                    raise self._cap_refused(inode, token, e, n) from None
                 if target_id:
                     if e.code == Code.CHECKSUM_MISMATCH:  # the pinned replica is bad: say so
                         raise FsError(e.code, e.message, errno=e.errno) from e
@@ -898,9 +927,10 @@ class StorageClient:
         version: int,
         deadline: Deadline,
         holes: bool = True,
+        token: bytes = b"",
     ) -> storage_pb2.ReadResult:
         fut, ref, complete = await self._submit_read(
-            inode, p, dest, node, target, version, self._timeout(deadline)
+            inode, p, dest, node, target, version, self._timeout(deadline), token
         )
         return await self._read_result(inode, p, dest, target, await fut, ref, complete, holes)
 
@@ -913,6 +943,7 @@ class StorageClient:
         target: int,
         version: int,
         timeout_s: float,
+        token: bytes = b"",
     ) -> tuple[asyncio.Future[storage_pb2.ReadResult], DataRef | None, ReadCompletion]:
         """Queue one chunk read on its node's batcher; (its answer, its ref or None for a frame, completion).
 
@@ -934,6 +965,7 @@ class StorageClient:
             length=p.length,
             dest=ref,
             target_id=target,
+            capability=token,
         )
         # One BatchRead per node per loop turn carries every read issued meanwhile (see ReadBatcher).
         fut = self._batcher(node.address).submit(io, timeout_s, dest if frame else None)
@@ -1022,8 +1054,9 @@ class StorageClient:
                         raise FsError(Code.TARGET_NOT_SERVING, "no serving target", retryable=True)
                     target = self._least_loaded(serving)
                     node = routing.node_of_target(target)
+                token = await self._cap(inode, False)
                 fut, ref, complete = await self._submit_read(
-                    inode, p, mv[:n], node, target, version, timeout_s
+                    inode, p, mv[:n], node, target, version, timeout_s, token
                 )
             except FsError:
                 slow[i] = self.read(inode, chains, chunk_size, offset, mv, file_length)
@@ -1162,8 +1195,9 @@ class StorageClient:
         deadline = Deadline(self._policy.deadline_s)
         try:
 
-            async def attempt(_n: int) -> tuple[int, bool]:
+            async def attempt(n: int) -> tuple[int, bool]:
                 _head, node, version = self._head(self._routing(), chain_id)
+                token = await self._cap(inode, True)
                 req = storage_pb2.RemoveChunksRequest(
                     ops=[
                         storage_pb2.RemoveChunksOp(
@@ -1171,6 +1205,7 @@ class StorageClient:
                             chain_version=version,
                             range=storage_pb2.ChunkRange(inode=inode, begin=begin, end=end),
                             tag=tag,
+                            capability=token,
                         )
                     ]
                 )
@@ -1181,7 +1216,8 @@ class StorageClient:
                     what=f"storage.RemoveChunks@{node.address}",
                 )
                 r = resp.results[0]
-                _raise_unless_done(r.error)
+                if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
+                    raise self._cap_refused(inode, token, _item_error(r.error), n)
                 return int(r.removed), bool(r.more)
 
             return await self._retry(attempt, f"remove chunks {inode} on chain {chain_id}")
@@ -1203,8 +1239,9 @@ class StorageClient:
         deadline = Deadline(self._policy.deadline_s)
         try:
 
-            async def attempt(_n: int) -> None:
+            async def attempt(n: int) -> None:
                 _head, node, version = self._head(self._routing(), chain_id)
+                token = await self._cap(inode, True)
                 req = storage_pb2.TruncateChunksRequest(
                     ops=[
                         storage_pb2.TruncateChunkOp(
@@ -1215,6 +1252,7 @@ class StorageClient:
                             chunk_size=chunk_size,
                             only_extend=only_extend,
                             tag=tag,
+                            capability=token,
                         )
                     ]
                 )
@@ -1225,7 +1263,8 @@ class StorageClient:
                     what=f"storage.TruncateChunks@{node.address}",
                 )
                 r = resp.results[0]
-                _raise_unless_done(r.error)
+                if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
+                    raise self._cap_refused(inode, token, _item_error(r.error), n)
 
             await self._retry(attempt, f"truncate chunk {inode}:{index}")
         finally:
@@ -1237,7 +1276,8 @@ class StorageClient:
         """The last chunk of ``inode`` on one chain, as the chain's tail sees it (committed data)."""
         deadline = Deadline(self._policy.deadline_s)
 
-        async def attempt(_n: int) -> storage_pb2.QueryLastChunkResult:
+        async def attempt(n: int) -> storage_pb2.QueryLastChunkResult:
+            token = await self._cap(inode, False)
             routing = self._routing()
             with _stale_routing_is_retryable():
                 chain = routing.chain(chain_id)
@@ -1255,6 +1295,7 @@ class StorageClient:
                         chain_id=chain_id,
                         chain_version=int(chain.version),
                         range=storage_pb2.ChunkRange(inode=inode, begin=0, end=0),
+                        capability=token,
                     )
                 ]
             )
@@ -1265,7 +1306,8 @@ class StorageClient:
                 what=f"storage.QueryLastChunk@{node.address}",
             )
             r = resp.results[0]
-            _raise_unless_done(r.error)
+            if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
+                raise self._cap_refused(inode, token, _item_error(r.error), n)
             return r
 
         return await self._retry(attempt, f"query length {inode} on chain {chain_id}")
@@ -1297,6 +1339,11 @@ class StorageClient:
         return list(resp.metas)
 
 
+def _item_error(e: Any) -> FsError:
+    """The FsError of a per-item ``ErrorDetail`` in a batch answer."""
+    return FsError(e.code, e.message, errno=e.errno or None, retryable=e.retryable)
+
+
 def _frame_bytes(
     ios: Sequence[storage_pb2.ReadIO],
     dests: Sequence[memoryview | None],
@@ -1308,12 +1355,6 @@ def _frame_bytes(
         for d, r in zip(dests, resp.results, strict=False)
         if d is not None and not r.error.code
     )
-
-
-def _raise_unless_done(err: Any) -> None:
-    """Raise one op's error from a storage answer; a missing chunk counts as done."""
-    if err.code and err.code != Code.CHUNK_NOT_FOUND:
-        raise FsError(err.code, err.message, errno=err.errno or None, retryable=err.retryable)
 
 
 _STALE_ROUTING = frozenset({Code.UNKNOWN_CHAIN, Code.UNKNOWN_TARGET, Code.UNKNOWN_NODE})

@@ -32,7 +32,10 @@ Lifecycle:
 
 ``-o`` options: keys of the ``[fuse]`` config section (``-o attr_timeout_s=5``),
 ``transport=auto|grpc|tcp|shm``, and anything else is handed to libfuse/the
-kernel mount (``ro``, ``noatime``, ``max_read=N`` ...).
+kernel mount (``ro``, ``noatime``, ``max_read=N`` ...). The kernel-cache keys
+(``attr_timeout_s``, ``entry_timeout_s``, ``dir_entry_timeout_s``,
+``negative_timeout_s``) default to JuiceFS's mount defaults (1 s, 1 s, 1 s,
+0); ``fs3 mount --help`` lists them (:func:`options_help`).
 """
 
 from __future__ import annotations
@@ -406,8 +409,48 @@ def _setup_logging(cfg: _config.ClientConfig, path: str | None) -> None:
     logs.setup(cfg.log.level, path or "")
 
 
+#: the kernel-cache options and what each allows (``fs3 mount --help``, README "Mount options")
+CACHE_OPTIONS: tuple[tuple[str, str], ...] = (
+    ("attr_timeout_s", "seconds the kernel may answer stat(2) from cached attributes"),
+    ("entry_timeout_s", "seconds the kernel may resolve a file's name without asking fs3"),
+    ("dir_entry_timeout_s", "the same for a directory's name"),
+    ("negative_timeout_s", 'seconds the kernel may cache "no such entry" (0: never)'),
+)
+
+
+def options_help() -> str:
+    """The ``-o`` keys with their defaults, for ``fs3 mount --help``."""
+    d = _config.FuseSection()
+    lines = [
+        "kernel caches (JuiceFS's mount defaults; -o KEY=SECONDS):",
+        *(f"  {k}={getattr(d, k):g}  {what}" for k, what in CACHE_OPTIONS),
+        "  Listings are READDIRPLUS (each entry comes with its attributes, cached like a lookup's).",
+        "  Consistency: close-to-open. An open(2) always asks the meta service, so a file",
+        "  written and closed on another mount is read whole, with its new size and mtime,",
+        "  after open; other changes made elsewhere (rename, unlink, chmod, a new file) show",
+        "  within these timeouts. Changes made through this mount show at once on it.",
+        "",
+        "other -o keys ([fuse] section of the client config):",
+    ]
+    cache = {k for k, _ in CACHE_OPTIONS}
+    for f in dataclasses.fields(_config.FuseSection):
+        if f.name not in cache:
+            lines.append(f"  {f.name}={getattr(d, f.name)!r}")
+    lines += [
+        "  transport=grpc|tcp|shm  the data transport ([transport] kind)",
+        "anything else goes to libfuse/the kernel (ro, noatime, max_read=N ...);",
+        "default_permissions is always on.",
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="fs3 mount", description="Mount an fs3 cluster with FUSE.")
+    p = argparse.ArgumentParser(
+        prog="fs3 mount",
+        description="Mount an fs3 cluster with FUSE.",
+        epilog=options_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument(
         "--cluster",
         default=os.environ.get("FS3_CLUSTER_FILE", ""),

@@ -47,7 +47,18 @@ Design decisions (the reasons are in the docstrings below):
   cache is not kept; otherwise ``keep_cache`` lets re-reads hit the page cache.
 * **readdir offsets** survive concurrent changes: meta pages by name, and each
   open directory handle maps the offsets it hands out to the name of the entry
-  they follow, so a resumed listing continues strictly after that name.
+  they follow, so a resumed listing continues strictly after that name. A
+  listing streams: the handle holds one page and the next one (fetched while
+  the kernel takes the current page) and the newest ``DIR_OFFSETS_MAX`` offsets,
+  whatever the directory's size (:class:`DirHandle`).
+* **Kernel caches** (``[fuse]`` ``attr_timeout_s``, ``entry_timeout_s``,
+  ``dir_entry_timeout_s``, ``negative_timeout_s``; README "Mount options"):
+  every reply with attributes carries them (:meth:`Fs3Operations._entry`);
+  listings are READDIRPLUS (pyfuse3 always asks for it). The kernel itself
+  updates or drops what it cached for a name or inode changed through this
+  mount (create, unlink, rename, link, setattr, write); what changes behind
+  its back on this mount (USRBIO writes, a file changed elsewhere found at
+  open) is invalidated with ``pyfuse3.invalidate_inode``.
 * **O_DIRECT** opens are not served in FUSE direct-I/O mode (see
   :class:`OpenFile`): mmap works, set-id bits are cleared, caches stay coherent.
 * **Exec** opens carry ``__FMODE_EXEC`` in their flags; meta then checks
@@ -97,7 +108,10 @@ NAME_MAX = 255
 _CALLER_TTL_S = 1.0
 _SUID_BITS = stat.S_ISUID | stat.S_ISGID
 _CAPABILITY = b"security.capability"
-READDIR_PAGE = 512  # entries per meta ReadDir while listing (a kernel readdir call takes ~25)
+READDIR_PAGE = 1024  # entries per meta ReadDir while listing (a kernel readdir call takes ~25)
+#: offsets an open directory handle can resolve at most (see DirHandle): bounds the daemon's
+#: memory per listing whatever the directory's size
+DIR_OFFSETS_MAX = 16384
 _DIR_ATTRS_MAX = 4096  # directories whose fresh attributes FuseClient keeps at most
 
 T = TypeVar("T")
@@ -251,17 +265,22 @@ class InodeState:
 class DirHandle:
     """An open directory: offsets handed to the kernel map to the entry names they follow.
 
-    Each name gets one offset for the life of the handle (``ids``), whatever
-    was added or removed meanwhile and however often it is listed again, so a
-    telldir() value stays valid until closedir() and the maps grow only with
-    the distinct names seen, not with every pass (rewinddir loops).
+    Each name gets one offset (``ids``), whatever was added or removed
+    meanwhile and however often it is listed again, so a telldir() value stays
+    valid and the maps grow only with the distinct names seen, not with every
+    pass (rewinddir loops). The maps keep the newest ``DIR_OFFSETS_MAX`` names:
+    a listing of any size streams in bounded memory (the kernel resumes from
+    the last offset it got, which is always kept); only a seekdir(3) back to a
+    position more than that many names before the newest fails (EINVAL).
     """
 
     inode: int
     caller: Caller
-    #: the directory's attributes when last fetched; they answer fstat(2) on the open
-    #: directory after it was removed (meta deletes an empty directory at once)
+    #: the directory's attributes when last fetched (``attr_at``, monotonic); they fill
+    #: "." and ".." and answer fstat(2) on the open directory after it was removed (meta
+    #: deletes an empty directory at once)
     attr: meta_pb2.Attr
+    attr_at: float = 0.0
     names: dict[int, bytes] = field(default_factory=dict)
     ids: dict[bytes, int] = field(default_factory=dict)
     next_id: int = 3  # 1 and 2 follow "." and ".."
@@ -271,6 +290,44 @@ class DirHandle:
     buffer: list[meta_pb2.DirEntry] = field(default_factory=list)
     buffer_after: bytes | None = None
     buffer_more: bool = True
+    #: the listing was delivered to its end after this name: the kernel's closing
+    #: readdir call (it asks until a reply is empty) is answered without a ReadDir
+    end_after: bytes | None = None
+    #: the next page (the cursor it follows, its ReadDir), fetched while the kernel
+    #: takes the current one: meta lists it while this daemon and the kernel work
+    ahead: tuple[bytes, asyncio.Task[tuple[list[meta_pb2.DirEntry], bool]]] | None = None
+
+    def drop_ahead(self) -> None:
+        """Cancel the page fetched ahead (a seek elsewhere, closedir, unmount)."""
+        if self.ahead is not None:
+            task, self.ahead = self.ahead[1], None
+            task.cancel()
+            task.add_done_callback(_consume)
+
+    def offset_of(self, name: bytes) -> int:
+        """The offset of ``name`` in this handle (a new one the first time, or once forgotten).
+
+        ``names`` is kept in the order names were last handed out (dicts keep
+        insertion order): the one forgotten is the least recently handed out,
+        never one of the last reply's, which the kernel resumes from.
+        """
+        nid = self.ids.get(name)
+        if nid is None:
+            nid = self.ids[name] = self.next_id
+            self.next_id += 1
+            if len(self.names) >= DIR_OFFSETS_MAX:
+                old = next(iter(self.names))
+                self.ids.pop(self.names.pop(old), None)
+        else:
+            del self.names[nid]
+        self.names[nid] = name
+        return nid
+
+
+def _consume(task: asyncio.Task[Any]) -> None:
+    """Retrieve a dropped task's outcome (nobody awaits it; asyncio would log it)."""
+    if not task.cancelled():
+        task.exception()
 
 
 @dataclass
@@ -298,6 +355,7 @@ class Fs3Operations(pyfuse3.Operations):
         self.enable_writeback_cache = bool(cfg.writeback_cache)
         self.attr_timeout = float(cfg.attr_timeout_s)
         self.entry_timeout = float(cfg.entry_timeout_s)
+        self.dir_entry_timeout = float(cfg.dir_entry_timeout_s)
         self.files: dict[int, OpenFile] = {}
         self.inodes: dict[int, InodeState] = {}
         self.dirs: dict[int, DirHandle] = {}
@@ -335,6 +393,8 @@ class Fs3Operations(pyfuse3.Operations):
         """Cancel and wait for every background task (after :meth:`drain`, before unmount)."""
         self._running = False
         await self.lowlevel.stop()
+        for d in self.dirs.values():
+            d.drop_ahead()
         while self._tasks:
             tasks = list(self._tasks)
             for t in tasks:
@@ -363,41 +423,59 @@ class Fs3Operations(pyfuse3.Operations):
         self._callers[key] = (now + _CALLER_TTL_S, c)
         return c
 
-    def _entry(self, attr: meta_pb2.Attr) -> pyfuse3.EntryAttributes:
-        """EntryAttributes for the kernel, raised by this mount's buffered writes."""
+    def _entry(self, attr: meta_pb2.Attr, *, seen: bool = True) -> pyfuse3.EntryAttributes:
+        """EntryAttributes for the kernel, raised by this mount's buffered writes.
+
+        On every reply that carries attributes (a listing: once per entry), so
+        each protobuf field is read once (every read is a call into the
+        protobuf runtime) and nothing here depends on the number of open files.
+        ``seen=False`` (listings) does not record what the kernel was told in
+        ``_seen``: a listing of any size adds nothing to the daemon's memory,
+        and the first open of a file known only from a listing invalidates the
+        kernel's attributes and pages (see :meth:`_open_info`).
+        """
         e = pyfuse3.EntryAttributes()
-        ino = int(attr.inode)
-        size = int(attr.size)
-        mtime = _ts_ns(attr.mtime)
-        ctime = _ts_ns(attr.ctime)
-        ist = self.inodes.get(ino)
-        if ist is not None and stat.S_ISREG(attr.mode):
-            if ist.pending_tv == int(attr.truncate_version) and ist.pending_end > size:
-                size = ist.pending_end
-            if ist.mtime_ns > mtime:
-                mtime = ist.mtime_ns
-                ctime = max(ctime, mtime)
+        ino = attr.inode
+        mode = attr.mode
+        size = attr.size
+        t = attr.mtime
+        mtime = t.sec * 1_000_000_000 + t.nsec
+        t = attr.ctime
+        ctime = t.sec * 1_000_000_000 + t.nsec
+        blocks = attr.blocks
+        is_reg = mode & 0o170000 == stat.S_IFREG
+        if is_reg:
+            ist = self.inodes.get(ino)
+            if ist is not None:
+                if ist.pending_end > size and ist.pending_tv == attr.truncate_version:
+                    size = ist.pending_end
+                if ist.mtime_ns > mtime:
+                    mtime = ist.mtime_ns
+                    ctime = max(ctime, mtime)
+            if blocks * 512 < size:
+                blocks = (size + 511) // 512
+            if seen:
+                self._seen[ino] = (size, mtime, ctime)
+            e.entry_timeout = self.entry_timeout
+        elif mode & 0o170000 == stat.S_IFDIR:
+            e.entry_timeout = self.dir_entry_timeout
+        else:
+            e.entry_timeout = self.entry_timeout
         e.st_ino = ino
-        e.generation = int(attr.generation)
-        e.st_mode = int(attr.mode)
-        e.st_nlink = int(attr.nlink)
-        e.st_uid = int(attr.uid)
-        e.st_gid = int(attr.gid)
-        e.st_rdev = int(attr.rdev)
+        e.generation = attr.generation
+        e.st_mode = mode
+        e.st_nlink = attr.nlink
+        e.st_uid = attr.uid
+        e.st_gid = attr.gid
+        e.st_rdev = attr.rdev
         e.st_size = size
-        e.st_blksize = int(attr.blksize) or 4096
-        e.st_blocks = (
-            max(int(attr.blocks), (size + 511) // 512)
-            if stat.S_ISREG(attr.mode)
-            else int(attr.blocks)
-        )
-        e.st_atime_ns = _ts_ns(attr.atime)
+        e.st_blksize = attr.blksize or 4096
+        e.st_blocks = blocks
+        t = attr.atime
+        e.st_atime_ns = t.sec * 1_000_000_000 + t.nsec
         e.st_mtime_ns = mtime
         e.st_ctime_ns = ctime
         e.attr_timeout = self.attr_timeout
-        e.entry_timeout = self.entry_timeout
-        if stat.S_ISREG(attr.mode):
-            self._seen[ino] = (size, mtime, ctime)
         return e
 
     def _file(self, fh: int) -> OpenFile:
@@ -838,74 +916,102 @@ class Fs3Operations(pyfuse3.Operations):
 
     @_guard
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        """One GetAttr; the read permission is the kernel's check (``default_permissions``).
+
+        The kernel checks it before it sends OPENDIR and only sends OPENDIR for
+        a directory; meta checks it again with every ReadDir, so no Access
+        round trip is needed here.
+        """
         caller = self._caller(ctx)
         attr = await self._call(self.client.getattr(caller, inode))
         if not stat.S_ISDIR(attr.mode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        await self._call(self.client.access(caller, inode, os.R_OK))
         dh = self._dir_ids
         self._dir_ids += 1
-        self.dirs[dh] = DirHandle(inode, caller, attr)
+        self.dirs[dh] = DirHandle(inode, caller, attr, time.monotonic())
         return dh
+
+    @staticmethod
+    def _dot_entry(ino: int) -> pyfuse3.EntryAttributes:
+        """What "." and ".." need in a READDIRPLUS reply: an inode number and a type.
+
+        The kernel does not instantiate "." and ".." from a READDIRPLUS reply
+        (fuse_direntplus_link skips them), it only copies d_ino and d_type
+        into the dirent, so these cost no GetAttr of the directory's parent.
+        """
+        e = pyfuse3.EntryAttributes()
+        e.st_ino = ino
+        e.st_mode = stat.S_IFDIR | 0o755
+        e.attr_timeout = 0
+        e.entry_timeout = 0
+        return e
+
+    async def _dir_page(self, d: DirHandle, cursor: bytes) -> tuple[list[meta_pb2.DirEntry], bool]:
+        return await self._call(
+            self.client.readdir(d.caller, d.inode, cursor, READDIR_PAGE, with_attrs=True)
+        )
 
     @_guard
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         d = self.dirs.get(fh)
         if d is None:
             raise pyfuse3.FUSEError(errno.EBADF)
-        attr: meta_pb2.Attr | None = None
         if start_id == 0:
-            attr = d.attr = await self._call(self.client.getattr(d.caller, d.inode))
-            if not pyfuse3.readdir_reply(token, b".", self._entry(attr), 1):
+            # a listing from the start (opendir, rewinddir): the opendir's attributes
+            # while younger than the attribute timeout, else fetched again
+            d.end_after = None
+            if time.monotonic() - d.attr_at > self.attr_timeout:
+                d.attr = await self._call(self.client.getattr(d.caller, d.inode))
+                d.attr_at = time.monotonic()
+            if not pyfuse3.readdir_reply(token, b".", self._dot_entry(d.inode), 1):
                 return
             start_id = 1
         if start_id == 1:
-            if attr is None:  # resumed after "." only: fetch again
-                attr = await self._call(self.client.getattr(d.caller, d.inode))
-            pattr = attr
-            if int(attr.parent) and int(attr.parent) != d.inode:
-                try:
-                    pattr = await self._call(self.client.getattr(d.caller, int(attr.parent)))
-                except FsError:
-                    pattr = attr
-            if not pyfuse3.readdir_reply(token, b"..", self._entry(pattr), 2):
+            parent = int(d.attr.parent) or d.inode
+            if not pyfuse3.readdir_reply(token, b"..", self._dot_entry(parent), 2):
                 return
             start_id = 2
         if start_id == 2:
             cursor = b""
         else:
             name = d.names.get(start_id)
-            if name is None:
-                raise pyfuse3.FUSEError(errno.EINVAL)  # an offset this handle never returned
+            if name is None:  # an offset this handle never returned, or no longer keeps
+                raise pyfuse3.FUSEError(errno.EINVAL)
             cursor = name
+        if cursor == d.end_after and not d.buffer:
+            return
         while True:
             if d.buffer and d.buffer_after == cursor:
                 entries, more = d.buffer, d.buffer_more
+            elif d.ahead is not None and d.ahead[0] == cursor:
+                task, d.ahead = d.ahead[1], None
+                entries, more = await task
             else:
-                entries, more = await self._call(
-                    self.client.readdir(d.caller, d.inode, cursor, READDIR_PAGE, with_attrs=True)
-                )
+                d.drop_ahead()
+                entries, more = await self._dir_page(d, cursor)
             d.buffer, d.buffer_after = [], None
+            if more and entries and d.ahead is None:
+                after = entries[-1].name
+                d.ahead = (after, asyncio.get_running_loop().create_task(self._dir_page(d, after)))
+            reply, entry = pyfuse3.readdir_reply, self._entry
             for i, e in enumerate(entries):
-                name = bytes(e.name)
+                name = e.name
                 if not e.HasField("attr"):
                     cursor = name
                     continue  # removed between listing and loading; skip it
-                nid = d.ids.get(name)
-                if nid is None:
-                    nid = d.ids[name] = d.next_id
-                    d.names[nid] = name
-                    d.next_id += 1
-                if not pyfuse3.readdir_reply(token, name, self._entry(e.attr), nid):
+                if not reply(token, name, entry(e.attr, seen=False), d.offset_of(name)):
                     d.buffer, d.buffer_after, d.buffer_more = list(entries[i:]), cursor, more
                     return
                 cursor = name
             if not more or not entries:
+                d.end_after = cursor
                 return
 
     @_guard
     async def releasedir(self, fh: int) -> None:
-        self.dirs.pop(fh, None)
+        d = self.dirs.pop(fh, None)
+        if d is not None:
+            d.drop_ahead()
 
     @_guard
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
@@ -921,8 +1027,10 @@ class Fs3Operations(pyfuse3.Operations):
         fp = (int(attr.size), _ts_ns(attr.mtime), _ts_ns(attr.ctime))
         seen = self._seen.get(ino)
         keep = seen is not None and seen[0] == fp[0] and seen[1] == fp[1] and not of.ist.busy
-        if not keep and seen is not None:
-            await self._invalidate(ino)  # before replying: the opener must see the new size
+        if not keep:
+            # before replying: the opener must see the new size. Unknown (the kernel
+            # had the attributes from a listing): invalidated too, they may be older.
+            await self._invalidate(ino)
         self._seen[ino] = fp
         return pyfuse3.FileInfo(fh=of.h.fh, direct_io=False, keep_cache=keep and not of.direct)
 

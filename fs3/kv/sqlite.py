@@ -25,6 +25,23 @@ explicit read-conflict ranges), not just "one writer at a time":
   read version predates the trimmed horizon fails with a retryable conflict
   ("transaction too old"), like FDB's 5-second MVCC window.
 
+Group commit: with ``synchronous=FULL`` every SQLite COMMIT is one WAL fsync,
+and the fsync, not the SQL, bounds a busy meta server. So commits of one process
+share SQLite write transactions. A transaction that finds nobody committing and
+nobody queued takes the fast path above on its own. Otherwise it queues; when
+the commit in progress ends, one waiting thread becomes the *leader*: it takes
+every queued transaction, opens one ``BEGIN IMMEDIATE``, validates and applies
+each in turn under its own savepoint and version (a conflicting one aborts
+alone: its savepoint is never written), and COMMITs once. Every transaction of
+the batch is acknowledged - its ``commit()`` returns - only after that COMMIT
+(and so the fsync) returned; threads that queued meanwhile form the next batch.
+
+Conflict checks read an in-memory tail of the commit log (:class:`_ConflictIndex`):
+the write ranges of recent commits by version, extended from ``kv_log`` whenever
+another process committed in between. A check touches only the commits after the
+transaction's read version and tests point reads by set membership, so it costs
+nothing that grows with the database or the number of keys read earlier.
+
 SQLite connections are not thread-safe and hold at most one transaction, so each
 transaction borrows a connection from a small pool for its lifetime; threads
 (``run_async`` worker threads) and interleaved transactions on one thread both
@@ -38,7 +55,9 @@ import os
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Generator, Iterator
+from dataclasses import dataclass, field
 from urllib.parse import parse_qsl
 
 from fs3 import faults
@@ -64,6 +83,8 @@ _SQLITE_BUSY_SNAPSHOT = 517
 _TRIM_EVERY = 256  # commits between kv_log trims
 _POOL_MAX = 16  # idle connections kept
 _FETCH = 256  # rows per fetch in range reads
+_BATCH_MAX = 256  # transactions per group commit
+_INDEX_MAX = 8192  # commits kept in the in-memory conflict index
 
 
 def _overlaps(a: Range, b: Range) -> bool:
@@ -89,6 +110,102 @@ def _to_fserror(e: sqlite3.Error, what: str) -> FsError:
             Code.KV_UNAVAILABLE, f"sqlite {what}: database is busy ({name}: {e})", retryable=True
         )
     return FsError(Code.KV_UNAVAILABLE, f"sqlite {what} failed ({name}: {e})", retryable=False)
+
+
+@dataclass
+class _Commit:
+    """The write ranges of one committed version: point keys apart, for set lookups."""
+
+    version: int
+    points: set[bytes] = field(default_factory=set)
+    ranges: list[Range] = field(default_factory=list)
+
+    def add(self, b: bytes, e: bytes) -> None:
+        if e == key_after(b):
+            self.points.add(b)
+        else:
+            self.ranges.append((b, e))
+
+    def hits(self, reads: list[Range]) -> bool:
+        for rb, re_ in reads:
+            if re_ == key_after(rb):
+                if rb in self.points or any(b <= rb < e for b, e in self.ranges):
+                    return True
+                continue
+            if any(_overlaps((b, e), (rb, re_)) for b, e in self.ranges):
+                return True
+            if any(rb <= k < re_ for k in self.points):
+                return True
+        return False
+
+
+class _ConflictIndex:
+    """The tail of ``kv_log`` in memory: commits with ``floor < version <= known``.
+
+    Only the thread committing (one at a time) touches it. ``known`` is the
+    newest version this process has seen the write ranges of; when the database's
+    version is ahead (another process committed), :meth:`catch_up` loads the
+    missing rows from ``kv_log`` - or, if they were trimmed, starts afresh.
+    """
+
+    def __init__(self) -> None:
+        self.commits: deque[_Commit] = deque()
+        self.floor: int | None = None  # versions <= floor are not in the index
+        self.known: int | None = None
+
+    def reset(self) -> None:
+        self.commits.clear()
+        self.floor = self.known = None
+
+    def catch_up(self, conn: sqlite3.Connection, version: int, trimmed: int) -> None:
+        if self.known is None or self.known < trimmed or self.known > version:
+            self.commits.clear()
+            self.floor = self.known = version
+            return
+        if self.known == version:
+            return
+        by_version: dict[int, _Commit] = {}
+        for v, b, e in conn.execute(
+            "SELECT version, b, e FROM kv_log WHERE version > ? ORDER BY version",
+            (self.known,),
+        ):
+            c = by_version.get(v)
+            if c is None:
+                c = by_version[v] = _Commit(int(v))
+                self.commits.append(c)
+            c.add(bytes(b), bytes(e))
+        self.known = version
+        self._bound()
+
+    def append(self, c: _Commit) -> None:
+        self.commits.append(c)
+        self.known = c.version
+        self._bound()
+
+    def _bound(self) -> None:
+        while len(self.commits) > _INDEX_MAX:
+            self.floor = self.commits.popleft().version
+
+    def covers(self, read_version: int) -> bool:
+        return self.floor is not None and read_version >= self.floor
+
+    def conflicts(self, read_version: int, reads: list[Range]) -> bool:
+        """True if a commit after ``read_version`` wrote into ``reads`` (needs :meth:`covers`)."""
+        for c in reversed(self.commits):
+            if c.version <= read_version:
+                return False
+            if c.hits(reads):
+                return True
+        return False
+
+
+@dataclass
+class _Pending:
+    """A transaction queued for the next group commit, and its outcome."""
+
+    tr: SqliteTransaction
+    done: bool = False
+    error: BaseException | None = None
 
 
 class SqliteDatabase(Database):
@@ -158,6 +275,15 @@ class SqliteDatabase(Database):
         self._pool: list[sqlite3.Connection] = []
         self._pid = os.getpid()
         self._closed = False
+        # group commit (see the module docstring): the queue, the leader's mutex,
+        # its own connection and the conflict index it keeps
+        self._queue: list[_Pending] = []
+        self._commit_cv = threading.Condition()
+        self._leading = False  # a thread is committing a batch now
+        self._writer: sqlite3.Connection | None = None
+        self._index = _ConflictIndex()
+        self.commits = 0  # transactions committed with writes (metrics, tests)
+        self.batches = 0  # SQLite COMMITs (WAL fsyncs) they took
         parent = os.path.dirname(os.path.abspath(path))
         try:
             # durably: SQLite fsyncs the directory when the WAL first appears (which makes
@@ -261,6 +387,167 @@ class SqliteDatabase(Database):
             pool, self._pool = self._pool, []
         for conn in pool:
             conn.close()
+        with self._commit_cv:
+            while self._leading:
+                self._commit_cv.wait()
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+
+    # -- group commit ------------------------------------------------------------
+
+    def _group_commit(self, tr: SqliteTransaction, conn: sqlite3.Connection | None) -> None:
+        """Commit ``tr`` alone or in a batch; return once durable, or raise its error.
+
+        ``conn``: the connection holding ``tr``'s read snapshot (None for blind
+        writes); this method releases it. With nobody committing or queued, the
+        transaction commits alone on it (:meth:`_commit_alone`). Otherwise it
+        queues; waiters sleep on one condition: a finished batch wakes them all,
+        its members return and one of the others leads the next batch, so
+        nobody's acknowledgment waits for a batch it is not in.
+        """
+        if conn is not None:
+            with self._commit_cv:
+                alone = not self._leading and not self._queue
+                if alone:
+                    self._leading = True
+            if not alone:
+                self._release(conn)  # no snapshot pinned while waiting
+            else:
+                try:
+                    if self._commit_alone(tr, conn):
+                        return
+                finally:
+                    with self._commit_cv:
+                        self._leading = False
+                        self._commit_cv.notify_all()
+        p = _Pending(tr)
+        with self._commit_cv:
+            self._queue.append(p)
+            while not p.done and self._leading:
+                self._commit_cv.wait()
+            if not p.done:
+                self._leading = True
+                batch, self._queue = self._queue[:_BATCH_MAX], self._queue[_BATCH_MAX:]
+        if not p.done:
+            try:
+                if self._pid != os.getpid():
+                    self._writer = None  # forked: the parent's connection is not ours
+                    self._index.reset()
+                self._commit_batch(batch)
+            finally:
+                with self._commit_cv:
+                    for q in batch:
+                        q.done = True
+                    self._leading = False
+                    self._commit_cv.notify_all()
+        if p.error is not None:
+            raise p.error
+
+    def _commit_alone(self, tr: SqliteTransaction, conn: sqlite3.Connection) -> bool:
+        """The uncontended case: upgrade ``tr``'s read transaction in place and commit it.
+
+        WAL refuses the upgrade (``SQLITE_BUSY_SNAPSHOT``) if anyone committed
+        since the snapshot, so success means there is nothing to validate and
+        the version read is still the newest. Returns False (nothing written,
+        ``conn`` released) when refused: the caller takes the batch path, which
+        validates against the commit log. Always releases ``conn``.
+        """
+        assert tr.read_version is not None
+        try:
+            try:
+                conn.execute("UPDATE kv_meta SET version = version + 1 WHERE id = 0")
+            except sqlite3.OperationalError as e:
+                if not _is_busy(e):
+                    raise
+                return False
+            version = tr.read_version + 1
+            c = tr._apply(conn, version)
+            conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            self._index.reset()
+            raise _to_fserror(e, "commit") from e
+        finally:
+            self._release(conn)  # rolls back whatever did not commit
+        if self._index.known == tr.read_version:
+            self._index.append(c)
+        else:
+            self._index.reset()  # it missed commits before ours: reload from kv_log
+        self.commits += 1
+        self.batches += 1
+        return True
+
+    def _commit_batch(self, batch: list[_Pending]) -> None:
+        """One SQLite write transaction for ``batch``; sets every member's outcome.
+
+        A member whose reads conflict (or whose writes SQLite refuses) gets its
+        own error and leaves nothing; the rest commit together. If the COMMIT
+        itself fails, nobody was acknowledged and every member gets the error.
+        """
+        ok: list[_Pending] = []
+        try:
+            if self._closed:
+                raise FsError(Code.KV_UNAVAILABLE, "sqlite KV database is closed", retryable=False)
+            if self._writer is None:
+                self._writer = self._connect()
+            conn = self._writer
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                version, trimmed = conn.execute(
+                    "SELECT version, trimmed FROM kv_meta WHERE id = 0"
+                ).fetchone()
+                version, trimmed = int(version), int(trimmed)
+                self._index.catch_up(conn, version, trimmed)
+                added: list[_Commit] = []
+                alone = len(batch) == 1  # nobody to protect: the whole transaction is its own
+                for p in batch:
+                    try:
+                        p.tr._validate(conn, self._index, added, trimmed)
+                    except FsError as e:
+                        p.error = e
+                        continue
+                    if alone:
+                        c = p.tr._apply(conn, version + 1)
+                    else:
+                        conn.execute("SAVEPOINT txn")
+                        try:
+                            c = p.tr._apply(conn, version + 1)
+                            conn.execute("RELEASE txn")
+                        except sqlite3.Error as e:
+                            conn.execute("ROLLBACK TO txn")
+                            conn.execute("RELEASE txn")
+                            p.error = _to_fserror(e, "commit")
+                            continue
+                    version += 1
+                    added.append(c)
+                    ok.append(p)
+                if ok:
+                    conn.execute("UPDATE kv_meta SET version = ? WHERE id = 0", (version,))
+                    conn.execute("COMMIT")
+                    for c in added:
+                        self._index.append(c)
+                    self.commits += len(ok)
+                    self.batches += 1
+                else:
+                    conn.execute("ROLLBACK")
+            except sqlite3.Error as e:
+                self._index.reset()
+                if conn.in_transaction:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        self._writer = None
+                        conn.close()
+                raise _to_fserror(e, "commit") from e
+        except BaseException as e:
+            for p in batch:
+                if p.error is None or p in ok:
+                    # each waiter raises its own exception object (they run on other threads)
+                    p.error = (
+                        FsError(e.code, e.message, retryable=e.retryable)
+                        if isinstance(e, FsError)
+                        else e
+                    )
 
 
 class SqliteTransaction(BufferedWritesTransaction):
@@ -447,37 +734,40 @@ class SqliteTransaction(BufferedWritesTransaction):
 
     # -- commit -------------------------------------------------------------------
 
-    def _conflicts(self, conn: sqlite3.Connection) -> int:
+    def _validate(
+        self, conn: sqlite3.Connection, index: _ConflictIndex, added: list[_Commit], trimmed: int
+    ) -> None:
         """Under the write lock: fail if a commit after our read version hit our reads.
 
-        Returns the current commit version.
+        ``added``: commits applied earlier in the same batch (not yet in ``index``).
         """
-        version, trimmed = conn.execute(
-            "SELECT version, trimmed FROM kv_meta WHERE id = 0"
-        ).fetchone()
-        if self.read_version is None or not self.read_ranges or version == self.read_version:
-            return int(version)
-        if self.read_version < trimmed:
+        rv = self.read_version
+        if rv is None or not self.read_ranges:
+            return  # blind writes: nothing to validate
+        if rv < trimmed:
             raise FsError(
                 Code.KV_CONFLICT, "transaction too old (commit log trimmed)", retryable=True
             )
-        rows = conn.execute(
-            "SELECT b, e FROM kv_log WHERE version > ?", (self.read_version,)
-        ).fetchall()
-        for b, e in rows:
-            w = (bytes(b), bytes(e))
-            for r in self.read_ranges:
-                if _overlaps(w, r):
-                    raise FsError(Code.KV_CONFLICT, "transaction conflict", retryable=True)
-        return int(version)
+        reads = self.read_ranges
+        conflict = any(c.hits(reads) for c in added if c.version > rv)
+        if not conflict:
+            if index.covers(rv):
+                conflict = index.conflicts(rv, reads)
+            else:  # older than the in-memory tail: ask the commit log itself
+                rows = conn.execute("SELECT b, e FROM kv_log WHERE version > ?", (rv,)).fetchall()
+                conflict = any(_overlaps((bytes(b), bytes(e)), r) for b, e in rows for r in reads)
+        if conflict:
+            raise FsError(Code.KV_CONFLICT, "transaction conflict", retryable=True)
 
-    def _apply(self, conn: sqlite3.Connection, version: int) -> None:
-        """Under the write lock, after bumping kv_meta to ``version``: apply, log, trim."""
+    def _apply(self, conn: sqlite3.Connection, version: int) -> _Commit:
+        """Under the write lock: apply, log and trim as ``version``; returns its write ranges."""
         now = time.time()
+        c = _Commit(version)
         log: list[tuple[int, bytes, bytes, float]] = []
         for b, e in self.cleared:
             conn.execute("DELETE FROM kv WHERE k >= ? AND k < ?", (b, e))
             log.append((version, b, e, now))
+            c.ranges.append((b, e))
         sets = [(k, v) for k, v in self.writes.items() if v is not None]
         dels = [(k,) for k, v in self.writes.items() if v is None]
         if dels:
@@ -485,6 +775,7 @@ class SqliteTransaction(BufferedWritesTransaction):
         if sets:
             conn.executemany("INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)", sets)
         log.extend((version, k, key_after(k), now) for k in self.writes)
+        c.points.update(self.writes)
         conn.executemany("INSERT INTO kv_log (version, b, e, ts) VALUES (?, ?, ?, ?)", log)
         if version % _TRIM_EVERY == 0:
             row = conn.execute(
@@ -493,44 +784,19 @@ class SqliteTransaction(BufferedWritesTransaction):
             if row[0] is not None:
                 conn.execute("DELETE FROM kv_log WHERE version <= ?", (row[0],))
                 conn.execute("UPDATE kv_meta SET trimmed = ? WHERE id = 0", (row[0],))
+        return c
 
     def commit(self) -> None:
+        """Validate and apply in the next group commit; returns once durable."""
         self._check_open()
         faults.maybe_fail("kv.commit")
         self.done = True
         conn, self._conn = self._conn, None
-        try:
-            if not self.writes and not self.cleared:
-                return  # read-only: its snapshot was consistent; nothing to validate
-            version: int | None = None
-            if conn is not None:
-                # Fast path: upgrade in place. WAL refuses (SQLITE_BUSY_SNAPSHOT) if
-                # anyone committed since our snapshot, so success means no conflict
-                # and the version we read is still the current one.
-                try:
-                    conn.execute("UPDATE kv_meta SET version = version + 1 WHERE id = 0")
-                    assert self.read_version is not None
-                    version = self.read_version + 1
-                except sqlite3.OperationalError as e:
-                    if not _is_busy(e):
-                        raise
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-            else:
-                conn = self.db._acquire()
-            if version is None:
-                # Slow path: take the write lock (waiting up to busy_timeout) on the
-                # newest data, then validate our reads against the commit log.
-                conn.execute("BEGIN IMMEDIATE")
-                version = self._conflicts(conn) + 1
-                conn.execute("UPDATE kv_meta SET version = ? WHERE id = 0", (version,))
-            self._apply(conn, version)
-            conn.execute("COMMIT")
-        except sqlite3.Error as e:
-            raise _to_fserror(e, "commit") from e
-        finally:
+        if not self.writes and not self.cleared:
             if conn is not None:
                 self.db._release(conn)
+            return  # read-only: its snapshot was consistent; nothing to validate
+        self.db._group_commit(self, conn)
 
     def cancel(self) -> None:
         if not self.done:

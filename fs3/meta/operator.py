@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from fs3.config import MetaSection
 from fs3.errors import invalid, posix
 from fs3.kv import Database, Transaction
 from fs3.logs import event
+from fs3.meta import perms
 from fs3.meta import schema as S
 from fs3.meta.alloc import InodeAllocator
 from fs3.meta.layout import ChainAllocator, ChainTableSource, NoChainTables
@@ -41,6 +43,7 @@ from fs3.meta.ops import attrs, files, namespace, xattrs
 from fs3.meta.ops.common import OpCtx, release
 from fs3.meta.store import Inode, MetaTxn
 from fs3.proto import common_pb2, meta_pb2
+from fs3.security import capability as cap
 
 log = logging.getLogger("fs3.meta")
 
@@ -80,6 +83,10 @@ class MetaOperator:
         self.placer = ChainAllocator(self.chains, seed=seed)
         self._statfs_lock = threading.Lock()
         self._statfs_cache: tuple[float, int, int] | None = None  # (at, files, bytes)
+        # Signs chunk capabilities (fs3/security/capability.py); None: the cluster has no
+        # secret and storage checks nothing, so none are issued.
+        self.signer: cap.CapabilitySigner | None = None
+        self.capability_ttl_s = cap.DEFAULT_TTL_S
         self.ensure_root()
 
     # ------------------------------------------------------------------ plumbing
@@ -256,15 +263,74 @@ class MetaOperator:
         )
 
     def create(self, req: meta_pb2.CreateRequest) -> meta_pb2.OpenResponse:
-        return self._write(
+        resp = self._write(
             "Create", files.create, req, meta_pb2.CreateRequest, meta_pb2.OpenResponse, creates=True
         )
+        return self._grant(resp, req.flags)
 
     def open(self, req: meta_pb2.OpenRequest) -> meta_pb2.OpenResponse:
-        return self._write("Open", files.open_, req, meta_pb2.OpenRequest, meta_pb2.OpenResponse)
+        resp = self._write("Open", files.open_, req, meta_pb2.OpenRequest, meta_pb2.OpenResponse)
+        return self._grant(resp, req.flags)
+
+    # ------------------------------------------------------------------ capabilities
+
+    @staticmethod
+    def _open_rights(flags: int) -> int:
+        """The chunk rights an open with ``flags`` was allowed (its permission check passed)."""
+        acc = flags & os.O_ACCMODE
+        rights = 0
+        if acc in (os.O_RDONLY, os.O_RDWR) or flags & files.FMODE_EXEC:
+            rights |= cap.READ
+        if acc in (os.O_WRONLY, os.O_RDWR) or flags & os.O_TRUNC:
+            rights |= cap.WRITE
+        return rights
+
+    def _grant(self, resp: meta_pb2.OpenResponse, flags: int) -> meta_pb2.OpenResponse:
+        """Attach the open's chunk capability (after the transaction: a replayed
+        request gets a fresh grant, never one stored in its idempotency record)."""
+        rights = self._open_rights(flags)
+        if self.signer is not None and resp.session_id and rights:
+            resp.capability = self.signer.issue(int(resp.attr.inode), rights, self.capability_ttl_s)
+        return resp
+
+    def get_capability(self, req: meta_pb2.GetCapabilityRequest) -> meta_pb2.GetCapabilityResponse:
+        """A fresh grant for an inode: by its open session, else by permission now."""
+        self._check_request(req, meta_pb2.GetCapabilityRequest)
+        if self.signer is None:
+            return meta_pb2.GetCapabilityResponse()
+        need = cap.WRITE if req.write else cap.READ
+
+        def txn(tr: Transaction) -> None:
+            tx = MetaTxn(tr)
+            node = tx.load(req.inode)
+            if node is None:
+                raise posix(errno.ENOENT, f"inode {req.inode} does not exist")
+            if not S.is_reg(node.attr):
+                raise posix(errno.EINVAL, f"inode {req.inode} is not a regular file")
+            if req.session_id:
+                rec = tx.get_session(req.inode, req.session_id)
+                if rec is not None and self._open_rights(rec.flags) & need:
+                    return
+            perms.check(
+                node.attr,
+                req.user,
+                perms.W if req.write else perms.R,
+                f"{'write' if req.write else 'read'} of inode {req.inode} denied",
+            )
+
+        self.db.run(txn)
+        token = self.signer.issue(int(req.inode), need, self.capability_ttl_s)
+        return meta_pb2.GetCapabilityResponse(capability=token)
 
     def close(self, req: meta_pb2.CloseRequest) -> meta_pb2.AttrResponse:
         return self._write("Close", files.close, req, meta_pb2.CloseRequest, meta_pb2.AttrResponse)
+
+    def close_sessions(self, req: meta_pb2.CloseSessionsRequest) -> meta_pb2.CloseSessionsResponse:
+        """Many no-report closes in one transaction (idempotent: gone sessions are skipped)."""
+        self._check_request(req, meta_pb2.CloseSessionsRequest)
+        return self.db.run(  # type: ignore[no-any-return]
+            lambda tr: files.close_sessions(self._ctx(req.user), MetaTxn(tr), req)
+        )
 
     def sync(self, req: meta_pb2.SyncRequest) -> meta_pb2.AttrResponse:
         return self._write("Sync", files.sync, req, meta_pb2.SyncRequest, meta_pb2.AttrResponse)

@@ -31,6 +31,7 @@ from fs3.meta.operator import MetaOperator
 from fs3.meta.service import MetaServicer
 from fs3.proto import meta_pb2_grpc, mgmtd_pb2
 from fs3.rpc.server import add_servicer, bind, create_server
+from fs3.security.capability import CapabilitySigner, ServiceCapabilities, capability_key
 from fs3.service import service_main
 
 log = logging.getLogger("fs3.meta")
@@ -115,6 +116,10 @@ async def serve(cfg: MetaConfig, stop: asyncio.Event) -> int:
             await watcher.start()
             source = RoutingChainTables(watcher, cfg.meta.default_chain_table)
         op = await asyncio.to_thread(MetaOperator, db, cfg.meta, source)
+        key = capability_key(cfg.security.secret_file, cfg.cluster.cluster_file)
+        if key is not None:
+            op.signer = CapabilitySigner(key)
+            op.capability_ttl_s = cfg.security.capability_ttl_s
         add_servicer(server, meta_pb2_grpc.add_MetaServiceServicer_to_server, MetaServicer(op))
         port = bind(server, cfg.node.host, cfg.node.port)
         address = f"{cfg.node.host}:{port}"
@@ -151,6 +156,8 @@ async def serve(cfg: MetaConfig, stop: asyncio.Event) -> int:
                 client=cfg.client,
                 transport=cfg.transport,
             )
+            if op.signer is not None:  # chunk removal of GC: meta's own service capability
+                gc.storage.caps = ServiceCapabilities(op.signer)
             tasks.append(asyncio.create_task(gc.run(stop), name="meta-gc"))
         await stop.wait()
     finally:

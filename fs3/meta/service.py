@@ -122,6 +122,11 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     async def Close(self, request: meta_pb2.CloseRequest, context: Any) -> meta_pb2.AttrResponse:
         return await self._run(self.op.close, request)  # type: ignore[no-any-return]
 
+    async def CloseSessions(
+        self, request: meta_pb2.CloseSessionsRequest, context: Any
+    ) -> meta_pb2.CloseSessionsResponse:
+        return await self._run(self.op.close_sessions, request)  # type: ignore[no-any-return]
+
     async def Sync(self, request: meta_pb2.SyncRequest, context: Any) -> meta_pb2.AttrResponse:
         return await self._run(self.op.sync, request)  # type: ignore[no-any-return]
 
@@ -200,3 +205,8 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
     async def AckGc(self, request: meta_pb2.AckGcRequest, context: Any) -> common_pb2.Empty:
         return await self._run(self.op.ack_gc, request)  # type: ignore[no-any-return]
+
+    async def GetCapability(
+        self, request: meta_pb2.GetCapabilityRequest, context: Any
+    ) -> meta_pb2.GetCapabilityResponse:
+        return await self._run(self.op.get_capability, request)  # type: ignore[no-any-return]

@@ -188,7 +188,7 @@ class SetAttrResponse(_message.Message):
     def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., need_truncate: _Optional[bool] = ..., old_size: _Optional[int] = ...) -> None: ...
 
 class CreateRequest(_message.Message):
-    __slots__ = ("user", "request_id", "parent", "name", "mode", "flags", "client_id", "layout")
+    __slots__ = ("user", "request_id", "parent", "name", "mode", "flags", "client_id", "layout", "close_sessions")
     USER_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +197,7 @@ class CreateRequest(_message.Message):
     FLAGS_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     user: _common_pb2.UserInfo
     request_id: str
     parent: int
@@ -205,37 +206,42 @@ class CreateRequest(_message.Message):
     flags: int
     client_id: str
     layout: Layout
-    def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., request_id: _Optional[str] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., mode: _Optional[int] = ..., flags: _Optional[int] = ..., client_id: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ...) -> None: ...
+    close_sessions: _containers.RepeatedCompositeFieldContainer[SessionRef]
+    def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., request_id: _Optional[str] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., mode: _Optional[int] = ..., flags: _Optional[int] = ..., client_id: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., close_sessions: _Optional[_Iterable[_Union[SessionRef, _Mapping]]] = ...) -> None: ...
 
 class OpenResponse(_message.Message):
-    __slots__ = ("attr", "session_id", "created", "need_truncate", "old_size", "parent_attr")
+    __slots__ = ("attr", "session_id", "created", "need_truncate", "old_size", "parent_attr", "capability")
     ATTR_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     NEED_TRUNCATE_FIELD_NUMBER: _ClassVar[int]
     OLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     PARENT_ATTR_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     attr: Attr
     session_id: str
     created: bool
     need_truncate: bool
     old_size: int
     parent_attr: Attr
-    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., session_id: _Optional[str] = ..., created: _Optional[bool] = ..., need_truncate: _Optional[bool] = ..., old_size: _Optional[int] = ..., parent_attr: _Optional[_Union[Attr, _Mapping]] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., session_id: _Optional[str] = ..., created: _Optional[bool] = ..., need_truncate: _Optional[bool] = ..., old_size: _Optional[int] = ..., parent_attr: _Optional[_Union[Attr, _Mapping]] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class OpenRequest(_message.Message):
-    __slots__ = ("user", "request_id", "inode", "flags", "client_id")
+    __slots__ = ("user", "request_id", "inode", "flags", "client_id", "close_sessions")
     USER_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INODE_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     user: _common_pb2.UserInfo
     request_id: str
     inode: int
     flags: int
     client_id: str
-    def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., request_id: _Optional[str] = ..., inode: _Optional[int] = ..., flags: _Optional[int] = ..., client_id: _Optional[str] = ...) -> None: ...
+    close_sessions: _containers.RepeatedCompositeFieldContainer[SessionRef]
+    def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., request_id: _Optional[str] = ..., inode: _Optional[int] = ..., flags: _Optional[int] = ..., client_id: _Optional[str] = ..., close_sessions: _Optional[_Iterable[_Union[SessionRef, _Mapping]]] = ...) -> None: ...
 
 class CloseRequest(_message.Message):
     __slots__ = ("user", "request_id", "inode", "session_id", "has_length_hint", "length_hint", "truncate_version", "mtime")
@@ -256,6 +262,28 @@ class CloseRequest(_message.Message):
     truncate_version: int
     mtime: _common_pb2.Timespec
     def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., request_id: _Optional[str] = ..., inode: _Optional[int] = ..., session_id: _Optional[str] = ..., has_length_hint: _Optional[bool] = ..., length_hint: _Optional[int] = ..., truncate_version: _Optional[int] = ..., mtime: _Optional[_Union[_common_pb2.Timespec, _Mapping]] = ...) -> None: ...
+
+class SessionRef(_message.Message):
+    __slots__ = ("inode", "session_id")
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    inode: int
+    session_id: str
+    def __init__(self, inode: _Optional[int] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class CloseSessionsRequest(_message.Message):
+    __slots__ = ("user", "sessions")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    user: _common_pb2.UserInfo
+    sessions: _containers.RepeatedCompositeFieldContainer[SessionRef]
+    def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[SessionRef, _Mapping]]] = ...) -> None: ...
+
+class CloseSessionsResponse(_message.Message):
+    __slots__ = ("closed",)
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    closed: int
+    def __init__(self, closed: _Optional[int] = ...) -> None: ...
 
 class SyncRequest(_message.Message):
     __slots__ = ("user", "request_id", "inode", "session_id", "has_length_hint", "length_hint", "truncate_version", "mtime")
@@ -560,6 +588,24 @@ class AckGcRequest(_message.Message):
     user: _common_pb2.UserInfo
     ids: _containers.RepeatedScalarFieldContainer[bytes]
     def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., ids: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class GetCapabilityRequest(_message.Message):
+    __slots__ = ("user", "inode", "write", "session_id")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    WRITE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    user: _common_pb2.UserInfo
+    inode: int
+    write: bool
+    session_id: str
+    def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., inode: _Optional[int] = ..., write: _Optional[bool] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class GetCapabilityResponse(_message.Message):
+    __slots__ = ("capability",)
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    capability: bytes
+    def __init__(self, capability: _Optional[bytes] = ...) -> None: ...
 
 class InodeRecord(_message.Message):
     __slots__ = ("attr", "symlink_target")

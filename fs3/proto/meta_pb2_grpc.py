@@ -75,6 +75,11 @@ class MetaServiceStub:
                 request_serializer=meta__pb2.CloseRequest.SerializeToString,
                 response_deserializer=meta__pb2.AttrResponse.FromString,
                 _registered_method=True)
+        self.CloseSessions = channel.unary_unary(
+                '/fs3.v1.MetaService/CloseSessions',
+                request_serializer=meta__pb2.CloseSessionsRequest.SerializeToString,
+                response_deserializer=meta__pb2.CloseSessionsResponse.FromString,
+                _registered_method=True)
         self.Sync = channel.unary_unary(
                 '/fs3.v1.MetaService/Sync',
                 request_serializer=meta__pb2.SyncRequest.SerializeToString,
@@ -170,6 +175,11 @@ class MetaServiceStub:
                 request_serializer=meta__pb2.AckGcRequest.SerializeToString,
                 response_deserializer=common__pb2.Empty.FromString,
                 _registered_method=True)
+        self.GetCapability = channel.unary_unary(
+                '/fs3.v1.MetaService/GetCapability',
+                request_serializer=meta__pb2.GetCapabilityRequest.SerializeToString,
+                response_deserializer=meta__pb2.GetCapabilityResponse.FromString,
+                _registered_method=True)
 
 
 class MetaServiceServicer:
@@ -218,6 +228,12 @@ class MetaServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Close(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseSessions(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -337,6 +353,12 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCapability(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MetaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -379,6 +401,11 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.Close,
                     request_deserializer=meta__pb2.CloseRequest.FromString,
                     response_serializer=meta__pb2.AttrResponse.SerializeToString,
+            ),
+            'CloseSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseSessions,
+                    request_deserializer=meta__pb2.CloseSessionsRequest.FromString,
+                    response_serializer=meta__pb2.CloseSessionsResponse.SerializeToString,
             ),
             'Sync': grpc.unary_unary_rpc_method_handler(
                     servicer.Sync,
@@ -474,6 +501,11 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.AckGc,
                     request_deserializer=meta__pb2.AckGcRequest.FromString,
                     response_serializer=common__pb2.Empty.SerializeToString,
+            ),
+            'GetCapability': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCapability,
+                    request_deserializer=meta__pb2.GetCapabilityRequest.FromString,
+                    response_serializer=meta__pb2.GetCapabilityResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -692,6 +724,33 @@ class MetaService:
             '/fs3.v1.MetaService/Close',
             meta__pb2.CloseRequest.SerializeToString,
             meta__pb2.AttrResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fs3.v1.MetaService/CloseSessions',
+            meta__pb2.CloseSessionsRequest.SerializeToString,
+            meta__pb2.CloseSessionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1205,6 +1264,33 @@ class MetaService:
             '/fs3.v1.MetaService/AckGc',
             meta__pb2.AckGcRequest.SerializeToString,
             common__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCapability(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fs3.v1.MetaService/GetCapability',
+            meta__pb2.GetCapabilityRequest.SerializeToString,
+            meta__pb2.GetCapabilityResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -98,16 +98,18 @@ class IOResult(_message.Message):
     def __init__(self, length: _Optional[int] = ..., commit_ver: _Optional[int] = ..., update_ver: _Optional[int] = ..., checksum: _Optional[int] = ..., commit_chain_ver: _Optional[int] = ..., chunk_length: _Optional[int] = ...) -> None: ...
 
 class WriteRequest(_message.Message):
-    __slots__ = ("io", "tag", "retry_count", "target_id")
+    __slots__ = ("io", "tag", "retry_count", "target_id", "capability")
     IO_FIELD_NUMBER: _ClassVar[int]
     TAG_FIELD_NUMBER: _ClassVar[int]
     RETRY_COUNT_FIELD_NUMBER: _ClassVar[int]
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     io: UpdateIO
     tag: UpdateTag
     retry_count: int
     target_id: int
-    def __init__(self, io: _Optional[_Union[UpdateIO, _Mapping]] = ..., tag: _Optional[_Union[UpdateTag, _Mapping]] = ..., retry_count: _Optional[int] = ..., target_id: _Optional[int] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, io: _Optional[_Union[UpdateIO, _Mapping]] = ..., tag: _Optional[_Union[UpdateTag, _Mapping]] = ..., retry_count: _Optional[int] = ..., target_id: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class WriteResponse(_message.Message):
     __slots__ = ("result",)
@@ -116,18 +118,20 @@ class WriteResponse(_message.Message):
     def __init__(self, result: _Optional[_Union[IOResult, _Mapping]] = ...) -> None: ...
 
 class UpdateRequest(_message.Message):
-    __slots__ = ("io", "tag", "is_syncing", "from_target_id", "to_target_id")
+    __slots__ = ("io", "tag", "is_syncing", "from_target_id", "to_target_id", "capability")
     IO_FIELD_NUMBER: _ClassVar[int]
     TAG_FIELD_NUMBER: _ClassVar[int]
     IS_SYNCING_FIELD_NUMBER: _ClassVar[int]
     FROM_TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     TO_TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     io: UpdateIO
     tag: UpdateTag
     is_syncing: bool
     from_target_id: int
     to_target_id: int
-    def __init__(self, io: _Optional[_Union[UpdateIO, _Mapping]] = ..., tag: _Optional[_Union[UpdateTag, _Mapping]] = ..., is_syncing: _Optional[bool] = ..., from_target_id: _Optional[int] = ..., to_target_id: _Optional[int] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, io: _Optional[_Union[UpdateIO, _Mapping]] = ..., tag: _Optional[_Union[UpdateTag, _Mapping]] = ..., is_syncing: _Optional[bool] = ..., from_target_id: _Optional[int] = ..., to_target_id: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class UpdateResponse(_message.Message):
     __slots__ = ("result",)
@@ -136,7 +140,7 @@ class UpdateResponse(_message.Message):
     def __init__(self, result: _Optional[_Union[IOResult, _Mapping]] = ...) -> None: ...
 
 class ReadIO(_message.Message):
-    __slots__ = ("chain_id", "chain_version", "chunk", "offset", "length", "dest", "target_id")
+    __slots__ = ("chain_id", "chain_version", "chunk", "offset", "length", "dest", "target_id", "capability")
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     CHAIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +148,7 @@ class ReadIO(_message.Message):
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     DEST_FIELD_NUMBER: _ClassVar[int]
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     chain_id: int
     chain_version: int
     chunk: ChunkId
@@ -151,7 +156,8 @@ class ReadIO(_message.Message):
     length: int
     dest: _transport_pb2.DataRef
     target_id: int
-    def __init__(self, chain_id: _Optional[int] = ..., chain_version: _Optional[int] = ..., chunk: _Optional[_Union[ChunkId, _Mapping]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., dest: _Optional[_Union[_transport_pb2.DataRef, _Mapping]] = ..., target_id: _Optional[int] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, chain_id: _Optional[int] = ..., chain_version: _Optional[int] = ..., chunk: _Optional[_Union[ChunkId, _Mapping]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., dest: _Optional[_Union[_transport_pb2.DataRef, _Mapping]] = ..., target_id: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class ReadResult(_message.Message):
     __slots__ = ("error", "length", "commit_ver", "checksum", "chunk_length", "chunk_checksum", "data")
@@ -192,14 +198,16 @@ class BatchReadResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[ReadResult, _Mapping]]] = ..., request_id: _Optional[int] = ...) -> None: ...
 
 class QueryLastChunkOp(_message.Message):
-    __slots__ = ("chain_id", "chain_version", "range")
+    __slots__ = ("chain_id", "chain_version", "range", "capability")
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     CHAIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     RANGE_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     chain_id: int
     chain_version: int
     range: ChunkRange
-    def __init__(self, chain_id: _Optional[int] = ..., chain_version: _Optional[int] = ..., range: _Optional[_Union[ChunkRange, _Mapping]] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, chain_id: _Optional[int] = ..., chain_version: _Optional[int] = ..., range: _Optional[_Union[ChunkRange, _Mapping]] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class QueryLastChunkResult(_message.Message):
     __slots__ = ("error", "found", "last_index", "last_length", "total_length", "total_chunks", "more")
@@ -232,7 +240,7 @@ class QueryLastChunkResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[QueryLastChunkResult, _Mapping]]] = ...) -> None: ...
 
 class TruncateChunkOp(_message.Message):
-    __slots__ = ("chain_id", "chain_version", "chunk", "length", "chunk_size", "only_extend", "tag")
+    __slots__ = ("chain_id", "chain_version", "chunk", "length", "chunk_size", "only_extend", "tag", "capability")
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     CHAIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
@@ -240,6 +248,7 @@ class TruncateChunkOp(_message.Message):
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
     ONLY_EXTEND_FIELD_NUMBER: _ClassVar[int]
     TAG_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     chain_id: int
     chain_version: int
     chunk: ChunkId
@@ -247,7 +256,8 @@ class TruncateChunkOp(_message.Message):
     chunk_size: int
     only_extend: bool
     tag: UpdateTag
-    def __init__(self, chain_id: _Optional[int] = ..., chain_version: _Optional[int] = ..., chunk: _Optional[_Union[ChunkId, _Mapping]] = ..., length: _Optional[int] = ..., chunk_size: _Optional[int] = ..., only_extend: _Optional[bool] = ..., tag: _Optional[_Union[UpdateTag, _Mapping]] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, chain_id: _Optional[int] = ..., chain_version: _Optional[int] = ..., chunk: _Optional[_Union[ChunkId, _Mapping]] = ..., length: _Optional[int] = ..., chunk_size: _Optional[int] = ..., only_extend: _Optional[bool] = ..., tag: _Optional[_Union[UpdateTag, _Mapping]] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class TruncateChunkResult(_message.Message):
     __slots__ = ("error", "result")
@@ -270,16 +280,18 @@ class TruncateChunksResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[TruncateChunkResult, _Mapping]]] = ...) -> None: ...
 
 class RemoveChunksOp(_message.Message):
-    __slots__ = ("chain_id", "chain_version", "range", "tag")
+    __slots__ = ("chain_id", "chain_version", "range", "tag", "capability")
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     CHAIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     RANGE_FIELD_NUMBER: _ClassVar[int]
     TAG_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     chain_id: int
     chain_version: int
     range: ChunkRange
     tag: UpdateTag
-    def __init__(self, chain_id: _Optional[int] = ..., chain_version: _Optional[int] = ..., range: _Optional[_Union[ChunkRange, _Mapping]] = ..., tag: _Optional[_Union[UpdateTag, _Mapping]] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, chain_id: _Optional[int] = ..., chain_version: _Optional[int] = ..., range: _Optional[_Union[ChunkRange, _Mapping]] = ..., tag: _Optional[_Union[UpdateTag, _Mapping]] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class RemoveChunksResult(_message.Message):
     __slots__ = ("error", "removed", "more")
@@ -322,16 +334,18 @@ class ChunkMeta(_message.Message):
     def __init__(self, chunk: _Optional[_Union[ChunkId, _Mapping]] = ..., commit_ver: _Optional[int] = ..., update_ver: _Optional[int] = ..., chain_ver: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., uncommitted: _Optional[bool] = ...) -> None: ...
 
 class SyncStartRequest(_message.Message):
-    __slots__ = ("chain_id", "chain_version", "target_id", "from_target_id")
+    __slots__ = ("chain_id", "chain_version", "target_id", "from_target_id", "capability")
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     CHAIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     chain_id: int
     chain_version: int
     target_id: int
     from_target_id: int
-    def __init__(self, chain_id: _Optional[int] = ..., chain_version: _Optional[int] = ..., target_id: _Optional[int] = ..., from_target_id: _Optional[int] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, chain_id: _Optional[int] = ..., chain_version: _Optional[int] = ..., target_id: _Optional[int] = ..., from_target_id: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class SyncStartResponse(_message.Message):
     __slots__ = ("metas",)
@@ -340,16 +354,18 @@ class SyncStartResponse(_message.Message):
     def __init__(self, metas: _Optional[_Iterable[_Union[ChunkMeta, _Mapping]]] = ...) -> None: ...
 
 class SyncDoneRequest(_message.Message):
-    __slots__ = ("chain_id", "chain_version", "target_id", "from_target_id")
+    __slots__ = ("chain_id", "chain_version", "target_id", "from_target_id", "capability")
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     CHAIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     chain_id: int
     chain_version: int
     target_id: int
     from_target_id: int
-    def __init__(self, chain_id: _Optional[int] = ..., chain_version: _Optional[int] = ..., target_id: _Optional[int] = ..., from_target_id: _Optional[int] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, chain_id: _Optional[int] = ..., chain_version: _Optional[int] = ..., target_id: _Optional[int] = ..., from_target_id: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class SyncDoneResponse(_message.Message):
     __slots__ = ()

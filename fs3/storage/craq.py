@@ -234,6 +234,9 @@ class Replicator:
         self.forward = forward
         self.channels = UpdateChannels()
         self.on_local_change: Callable[[], None] = lambda: None  # set by the node: heartbeat now
+        # This node's service capability for calls to its peers (Update, resync, repair
+        # reads); the node sets it when the cluster has a secret (fs3/security/capability.py).
+        self.service_token: Callable[[], bytes] = lambda: b""
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         """Run a blocking engine call in the I/O pool; a disk I/O error takes its target offline."""
@@ -829,6 +832,7 @@ class Replicator:
             is_syncing=is_syncing,
             from_target_id=from_target,
             to_target_id=to_target,
+            capability=self.service_token(),
         )
         resp = await call(
             self.peers.stub(address).Update,

@@ -12,6 +12,7 @@ chunk is repaired in the background from another serving replica of the chain.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
@@ -20,10 +21,18 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fs3.errors import Code, FsError, invalid
+from fs3.limits import (
+    MAX_CHUNK_OPS,
+    MAX_CHUNK_SIZE,
+    MAX_READ_BATCH_BYTES,
+    MAX_READ_IOS,
+    MAX_REMOVE_PER_CALL,
+)
 from fs3.logs import event
 from fs3.proto import common_pb2, storage_pb2
 from fs3.routing import SERVING, SYNCING
 from fs3.rpc.channel import call
+from fs3.security.capability import READ, WRITE, CapabilityVerifier
 from fs3.storage import metrics as M
 from fs3.storage.chunk_engine import ChunkKey, ChunkMeta, crc32c
 from fs3.storage.craq import EXTEND, REMOVE, TRUNCATE, Replicator, io_result, is_inline
@@ -32,14 +41,81 @@ from fs3.transport.base import ref_kind
 
 log = logging.getLogger("fs3.storage.operator")
 
-MAX_READ_IOS = 1024
-# Requests (batches) of one ReadStream served at once; the stream stops reading
-# further requests until one finishes (flow control back to the client).
+# Requests (batches) of one ReadStream served or answered-but-not-yet-sent at once;
+# the stream stops reading further requests until the client has taken an answer
+# (flow control back to a client that stops reading, instead of a growing queue).
 READ_STREAM_MAX_INFLIGHT = 64
+# Bytes of one ReadStream's requests being read or waiting to be sent, together.
+READ_STREAM_MAX_BYTES = 4 * MAX_READ_BATCH_BYTES
 INLINE_READ_MAX = (
     64 << 10
 )  # reads up to this size try the page cache on the event loop (RWF_NOWAIT)
 _ALL = 0xFFFFFFFF
+
+
+class ByteBudget:
+    """Bytes that may be in use at once; :meth:`acquire` waits (first come, first
+    served) until enough are free; :meth:`release` is synchronous, so ``finally``
+    blocks and generators can give bytes back.
+
+    A request larger than the whole budget takes all of it (it runs alone),
+    so a big request is slowed, never refused or deadlocked.
+    """
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.free = total
+        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+
+    async def acquire(self, n: int) -> int:
+        n = max(0, min(n, self.total))
+        if not self._waiters and self.free >= n:
+            self.free -= n
+            return n
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((n, fut))
+        try:
+            await fut
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self.release(n)  # granted as we were cancelled: give it back
+            else:
+                self._waiters.remove((n, fut))
+                self._wake()
+            raise
+        return n
+
+    def release(self, n: int) -> None:
+        self.free += n
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self._waiters[0][0] <= self.free:
+            n, fut = self._waiters.popleft()
+            if not fut.done():
+                self.free -= n
+                fut.set_result(None)
+
+
+def read_bytes_asked(req: storage_pb2.BatchReadRequest) -> int:
+    """What a read request may make the server hold; refuses one over the limits first."""
+    if len(req.ios) > MAX_READ_IOS:
+        raise invalid(f"batch of {len(req.ios)} reads exceeds {MAX_READ_IOS}")
+    total = 0
+    for io in req.ios:
+        if io.length > MAX_CHUNK_SIZE:
+            raise invalid(
+                f"read of {io.length} bytes exceeds the chunk size limit {MAX_CHUNK_SIZE}"
+            )
+        total += io.length
+    if total > MAX_READ_BATCH_BYTES:
+        raise invalid(f"batch asks for {total} bytes, more than {MAX_READ_BATCH_BYTES}")
+    return total
+
+
+def check_op_count(ops: Any, what: str) -> None:
+    if len(ops) > MAX_CHUNK_OPS:
+        raise invalid(f"{what} of {len(ops)} ops exceeds {MAX_CHUNK_OPS}")
 
 
 @functools.cache
@@ -78,6 +154,7 @@ class StorageOperator:
         replicator: the CRAQ write path.
         report_error: ``await report_error(target_id, kind, detail)`` tells mgmtd.
         on_local_change: called when a local state changed (heartbeat now).
+        read_buffer_bytes: bytes all reads of the node may hold at once.
     """
 
     def __init__(
@@ -87,6 +164,8 @@ class StorageOperator:
         replicator: Replicator,
         report_error: Callable[[int, str, str], Awaitable[None]],
         on_local_change: Callable[[], None],
+        *,
+        read_buffer_bytes: int = 1 << 30,
     ) -> None:
         self.node_id = node_id
         self.targets = targets
@@ -94,6 +173,29 @@ class StorageOperator:
         self.report_error = report_error
         self.on_local_change = on_local_change
         self._repairs: dict[tuple[int, ChunkKey], asyncio.Task[None]] = {}
+        # Chunk capabilities (fs3/security/capability.py): None when the cluster has
+        # no secret, and then nothing is checked (a cluster without authentication).
+        self.caps: CapabilityVerifier | None = None
+        # Bytes the node's reads may hold at once (``[storage] read_buffer_bytes``): many
+        # concurrent requests, each within the per-request limit, wait instead of piling up.
+        self.read_budget = ByteBudget(read_buffer_bytes)
+
+    # ------------------------------------------------------------------ capabilities
+
+    def _check(self, token: bytes, inode: int, first: int, last: int, need: int, what: str) -> None:
+        """Refuse (PERMISSION_DENIED / CAPABILITY_EXPIRED) unless ``token`` covers the chunks."""
+        if self.caps is not None:
+            self.caps.check(token, inode, first, last, need, what)
+
+    def _check_service(self, token: bytes, what: str) -> None:
+        if self.caps is not None:
+            self.caps.check_service(token, what)
+
+    def _check_range(self, token: bytes, rg: storage_pb2.ChunkRange, need: int, what: str) -> None:
+        end = rg.end or _ALL
+        if end <= rg.begin:
+            raise invalid(f"{what}: empty chunk range [{rg.begin}, {end})")
+        self._check(token, rg.inode, rg.begin, end - 1, need, what)
 
     # ------------------------------------------------------------------ writes
 
@@ -101,18 +203,24 @@ class StorageOperator:
         self, req: storage_pb2.WriteRequest, frame: memoryview | None = None
     ) -> storage_pb2.WriteResponse:
         """``frame``: the request's bulk payload (what a ``frame`` DataRef names)."""
+        ch = req.io.chunk
+        self._check(req.capability, ch.inode, ch.index, ch.index, WRITE, "Write")
         res = await self.rep.client_update(req.io, req.tag, req.target_id, frame)
         return storage_pb2.WriteResponse(result=res)
 
     async def update(
         self, req: storage_pb2.UpdateRequest, frame: memoryview | None = None
     ) -> storage_pb2.UpdateResponse:
+        # Only a chain member forwards updates: a client sending Update straight to a
+        # successor would otherwise bypass the head's capability check.
+        self._check_service(req.capability, "Update")
         res = await self.rep.successor_update(req, frame)
         return storage_pb2.UpdateResponse(result=res)
 
     async def truncate_chunks(
         self, req: storage_pb2.TruncateChunksRequest
     ) -> storage_pb2.TruncateChunksResponse:
+        check_op_count(req.ops, "TruncateChunks")
         out = storage_pb2.TruncateChunksResponse()
         for op in req.ops:
             io = storage_pb2.UpdateIO(
@@ -125,6 +233,8 @@ class StorageOperator:
             io.chunk.CopyFrom(op.chunk)
             r = out.results.add()
             try:
+                ch = op.chunk
+                self._check(op.capability, ch.inode, ch.index, ch.index, WRITE, "TruncateChunks")
                 r.result.CopyFrom(await self.rep.client_update(io, op.tag))
             except FsError as e:
                 r.error.CopyFrom(error_detail(e))
@@ -133,10 +243,12 @@ class StorageOperator:
     async def remove_chunks(
         self, req: storage_pb2.RemoveChunksRequest
     ) -> storage_pb2.RemoveChunksResponse:
+        check_op_count(req.ops, "RemoveChunks")
         out = storage_pb2.RemoveChunksResponse()
         for op in req.ops:
             r = out.results.add()
             try:
+                self._check_range(op.capability, op.range, WRITE, "RemoveChunks")
                 r.removed, r.more = await self._remove_range(op)
             except FsError as e:
                 r.error.CopyFrom(error_detail(e))
@@ -148,7 +260,7 @@ class StorageOperator:
         self.rep.check_head(t)
         rg = op.range
         end = rg.end or _ALL
-        limit = rg.max_chunks or 32
+        limit = min(rg.max_chunks or 32, MAX_REMOVE_PER_CALL)
         metas = t.engine.list(rg.inode, rg.begin, end)
         removed = 0
         for m in metas[:limit]:
@@ -168,8 +280,15 @@ class StorageOperator:
         """Serve every io; ``reply`` (a call that can answer with a bulk payload) gets
         the bytes of the ios with a ``frame`` destination, in io order, each
         ``results[i].length`` long (the client lays the payload out by that)."""
-        if len(req.ios) > MAX_READ_IOS:
-            raise invalid(f"batch of {len(req.ios)} reads exceeds {MAX_READ_IOS}")
+        cost = await self.read_budget.acquire(read_bytes_asked(req))
+        try:
+            return await self._batch_read(req, reply)
+        finally:
+            self.read_budget.release(cost)
+
+    async def _batch_read(
+        self, req: storage_pb2.BatchReadRequest, reply: list[Any] | None
+    ) -> storage_pb2.BatchReadResponse:
         slots: list[Any] | None = [None] * len(req.ios) if reply is not None else None
         if len(req.ios) == 1:  # the common case: no task per read
             results = [await self._read_one(req.ios[0], slots, 0)]
@@ -205,12 +324,24 @@ class StorageOperator:
         and it gets no answer, as a unary deadline would. When the client goes
         away gRPC cancels this generator and the ``finally`` cancels every task.
         """
-        out: asyncio.Queue[tuple[storage_pb2.BatchReadResponse, list[Any]] | None] = asyncio.Queue()
+        # At most max_inflight requests and READ_STREAM_MAX_BYTES asked bytes are
+        # being read or sit answered in `out`; both are given back only when the
+        # answer was taken by the transport (after the yield), so a client that
+        # stops reading stops the stream from reading its requests (bounded memory).
+        out: asyncio.Queue[tuple[storage_pb2.BatchReadResponse, list[Any], int] | None] = (
+            asyncio.Queue()
+        )
         slots = asyncio.Semaphore(max(1, max_inflight))
+        budget = ByteBudget(READ_STREAM_MAX_BYTES)
         tasks: dict[int, asyncio.Task[None]] = {}  # request_id -> its task
 
-        async def serve(req: storage_pb2.BatchReadRequest) -> None:
+        def give_back(cost: int) -> None:
+            slots.release()
+            budget.release(cost)
+
+        async def serve(req: storage_pb2.BatchReadRequest, cost: int) -> None:
             reply: list[Any] = []
+            queued = False
             try:
                 try:
                     resp = await self.batch_read(req, reply if frames else None)
@@ -224,9 +355,11 @@ class StorageOperator:
                     )
                     reply.clear()
                 resp.request_id = req.request_id
-                out.put_nowait((resp, reply))
+                out.put_nowait((resp, reply, cost))
+                queued = True
             finally:
-                slots.release()
+                if not queued:  # cancelled: nothing waits to be sent
+                    give_back(cost)
 
         async def pump() -> None:
             try:
@@ -236,9 +369,14 @@ class StorageOperator:
                         if victim is not None:
                             victim.cancel()
                         continue
+                    try:
+                        asked = read_bytes_asked(req)
+                    except FsError:
+                        asked = 0  # refused by batch_read without reading anything
                     await slots.acquire()
+                    cost = await budget.acquire(asked)
                     rid = req.request_id
-                    t = asyncio.create_task(serve(req))
+                    t = asyncio.create_task(serve(req, cost))
                     tasks[rid] = t
                     t.add_done_callback(functools.partial(_forget, rid))
                 # The client half-closed: finish what is in flight, then end the stream.
@@ -254,10 +392,14 @@ class StorageOperator:
         pumper = asyncio.create_task(pump())
         try:
             while True:
-                resp = await out.get()
-                if resp is None:
+                item = await out.get()
+                if item is None:
                     break
-                yield resp
+                resp, reply, cost = item
+                try:
+                    yield resp, reply
+                finally:
+                    give_back(cost)
             await pumper  # re-raises a failure to read the request stream
         finally:
             pending = [pumper, *tasks.values()]
@@ -282,6 +424,7 @@ class StorageOperator:
         try:
             if not io.HasField("chunk"):
                 raise invalid("read without a chunk id")
+            self._check(io.capability, io.chunk.inode, io.chunk.index, io.chunk.index, READ, "Read")
             frame = ref_kind(io.dest) == "frame"
             if frame and slots is None:
                 raise invalid(
@@ -451,11 +594,12 @@ class StorageOperator:
                 chain_id=t.chain_id,
                 chain_version=t.chain_version,
                 offset=0,
-                length=_ALL,
+                length=MAX_CHUNK_SIZE,
                 target_id=other,
             )
             rio.chunk.inode, rio.chunk.index = key.inode, key.index
             rio.dest.inline = b""
+            rio.capability = self.rep.service_token()
             resp = await call(
                 self.rep.peers.stub(node.address).BatchRead,
                 storage_pb2.BatchReadRequest(ios=[rio]),
@@ -481,10 +625,12 @@ class StorageOperator:
     async def query_last_chunk(
         self, req: storage_pb2.QueryLastChunkRequest
     ) -> storage_pb2.QueryLastChunkResponse:
+        check_op_count(req.ops, "QueryLastChunk")
         out = storage_pb2.QueryLastChunkResponse()
         for op in req.ops:
             r = out.results.add()
             try:
+                self._check_range(op.capability, op.range, READ, "QueryLastChunk")
                 t = self.targets.by_chain(op.chain_id)
                 self.rep.check_version(t, op.chain_version)
                 if not t.serving:
@@ -544,6 +690,7 @@ class StorageOperator:
         return t
 
     async def sync_start(self, req: storage_pb2.SyncStartRequest) -> storage_pb2.SyncStartResponse:
+        self._check_service(req.capability, "SyncStart")
         t = self._syncing_target(req.chain_id, req.chain_version, req.target_id)
         metas = t.engine.list()
         event(
@@ -557,6 +704,7 @@ class StorageOperator:
         return storage_pb2.SyncStartResponse(metas=[chunk_meta_pb(m) for m in metas])
 
     async def sync_done(self, req: storage_pb2.SyncDoneRequest) -> storage_pb2.SyncDoneResponse:
+        self._check_service(req.capability, "SyncDone")
         t = self._syncing_target(req.chain_id, req.chain_version, req.target_id)
         if self.targets.sync_done(t):
             self.on_local_change()

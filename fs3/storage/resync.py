@@ -128,7 +128,11 @@ class ResyncManager:
         resp = await call(
             stub.SyncStart,
             storage_pb2.SyncStartRequest(
-                chain_id=chain, chain_version=cver, target_id=succ, from_target_id=t.target_id
+                chain_id=chain,
+                chain_version=cver,
+                target_id=succ,
+                from_target_id=t.target_id,
+                capability=self.rep.service_token(),
             ),
             timeout=timeout,
             what=f"SyncStart@target{succ}",
@@ -162,7 +166,11 @@ class ResyncManager:
         await call(
             stub.SyncDone,
             storage_pb2.SyncDoneRequest(
-                chain_id=chain, chain_version=cver, target_id=succ, from_target_id=t.target_id
+                chain_id=chain,
+                chain_version=cver,
+                target_id=succ,
+                from_target_id=t.target_id,
+                capability=self.rep.service_token(),
             ),
             timeout=timeout,
             what=f"SyncDone@target{succ}",

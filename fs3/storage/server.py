@@ -36,6 +36,12 @@ from fs3.logs import event
 from fs3.proto import mgmtd_pb2, storage_pb2_grpc, transport_pb2_grpc
 from fs3.routing import Routing
 from fs3.rpc.server import add_servicer, bind, create_server
+from fs3.security.capability import (
+    CapabilitySigner,
+    CapabilityVerifier,
+    ServiceToken,
+    capability_key,
+)
 from fs3.service import service_main
 from fs3.storage import metrics as M
 from fs3.storage.chunk_engine import FileChunkEngine
@@ -142,8 +148,21 @@ class StorageNode:
         )
         self.rep.on_local_change = self._hb_now.set
         self.op = StorageOperator(
-            self.node_id, self.targets, self.rep, self._report_error, self._hb_now.set
+            self.node_id,
+            self.targets,
+            self.rep,
+            self._report_error,
+            self._hb_now.set,
+            read_buffer_bytes=cfg.storage.read_buffer_bytes,
         )
+        key = capability_key(cfg.security.secret_file, cfg.cluster.cluster_file)
+        if key is not None:
+            self.op.caps = CapabilityVerifier(key)
+            self.rep.service_token = ServiceToken(CapabilitySigner(key)).token
+        else:
+            log.warning(
+                "no cluster secret (see [security] secret_file): chunk capabilities are not checked"
+            )
         self.resync = ResyncManager(self.targets, self.rep)
         self._server = create_server()
         self._tasks: list[asyncio.Task[None]] = []
@@ -168,7 +187,9 @@ class StorageNode:
         self.address = f"{self.cfg.node.host}:{port}"
         await self._server.start()
         if self._transport is not None:
-            await self._transport.start(self.cfg.node.host)
+            await self._transport.start(
+                self.cfg.node.host, address=self.address, socket_dir=self.cfg.rpc.socket_dir
+            )
         event(
             log,
             "storage node started",

@@ -7,9 +7,11 @@ opens a fresh, empty database of that engine. FDB is shared by every test run,
 so each :class:`TestKV` owns a random key prefix and clears it when closed.
 
 Run as ``python -m fs3.testing.kv increment URL KEY_HEX N`` or
-``python -m fs3.testing.kv commit-forever URL PREFIX_HEX`` to get a separate OS
-process that uses the engine, for the multi-process and kill -9 tests;
-``python -m fs3.testing.kv bench URL N`` measures single-thread txn/s.
+``python -m fs3.testing.kv commit-forever URL PREFIX_HEX`` (or
+``commit-concurrent URL PREFIX_HEX THREADS``, several threads committing at once,
+so the engine groups their commits) to get a separate OS process that uses the
+engine, for the multi-process, kill -9 and power-loss tests;
+``python -m fs3.testing.kv bench URL N [THREADS]`` measures txn/s.
 """
 
 from __future__ import annotations
@@ -126,25 +128,87 @@ def _commit_forever(url: str, prefix: bytes) -> None:
         i += 1
 
 
-def _bench(url: str, n: int) -> None:
-    """Time ``n`` small read-modify-write transactions (one get + one set) in one thread."""
+def _commit_concurrent(url: str, prefix: bytes, threads: int) -> None:
+    """``threads`` threads commit keys prefix+"t-i" (value the same) and print "t-i" after each.
+
+    Every 50 acknowledgments a ``# commits=C batches=B`` line reports how many
+    commits the engine made and in how many durable batches (SQLite's group
+    commit; other engines print 0 batches).
+    """
+    import threading
+
+    db = open_database(url)
+    out = threading.Lock()
+    acked = 0
+
+    def writer(t: int) -> None:
+        nonlocal acked
+        i = 0
+        while True:
+            name = f"{t}-{i}".encode()
+
+            def put(tr: Transaction, key: bytes = prefix + name, val: bytes = name) -> None:
+                tr.set(key, val)
+
+            db.run(put)
+            with out:
+                acked += 1
+                line = name.decode() + "\n"
+                if acked % 50 == 0:
+                    line += (
+                        f"# commits={getattr(db, 'commits', 0)} "
+                        f"batches={getattr(db, 'batches', 0)}\n"
+                    )
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            i += 1
+
+    workers = [threading.Thread(target=writer, args=(t,), daemon=True) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+
+
+def _bench(url: str, n: int, threads: int = 1) -> None:
+    """Time ``n`` small read-modify-write transactions (one get + one set) per thread.
+
+    Each thread works on its own key, so ``threads`` > 1 measures how commits of
+    concurrent transactions share durable writes, not how they conflict.
+    """
+    import threading
     import time
 
     db = open_database(url)
-    key = pack(TEST, "bench", uuid.uuid4().hex)
+    run = uuid.uuid4().hex
+    keys = [pack(TEST, "bench", run, t) for t in range(threads)]
 
-    def rmw(tr: Transaction) -> None:
-        tr.set(key, str(int(tr.get(key) or b"0") + 1).encode())
+    def worker(key: bytes) -> None:
+        def rmw(tr: Transaction) -> None:
+            tr.set(key, str(int(tr.get(key) or b"0") + 1).encode())
 
-    try:
-        t0 = time.perf_counter()
         for _ in range(n):
             db.run(rmw)
+
+    try:
+        workers = [threading.Thread(target=worker, args=(k,)) for k in keys]
+        t0 = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
         dt = time.perf_counter() - t0
-        db.run(lambda tr: tr.clear(key))
+        b, e = prefix_range(TEST, "bench", run)
+        db.run(lambda tr: tr.clear_range(b, e))
     finally:
         db.close()
-    print(f"{db.engine}: {n} read-modify-write txns in {dt:.2f}s = {n / dt:.0f} txn/s", flush=True)
+    total = n * threads
+    print(
+        f"{db.engine}: {threads} thread(s) x {n} read-modify-write txns in {dt:.2f}s = "
+        f"{total / dt:.0f} txn/s (commits={getattr(db, 'commits', '-')}, "
+        f"batches={getattr(db, 'batches', '-')})",
+        flush=True,
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -154,12 +218,16 @@ def main(argv: list[str]) -> int:
     if len(argv) == 3 and argv[0] == "commit-forever":
         _commit_forever(argv[1], bytes.fromhex(argv[2]))
         return 0
-    if len(argv) == 3 and argv[0] == "bench":
-        _bench(argv[1], int(argv[2]))
+    if len(argv) == 4 and argv[0] == "commit-concurrent":
+        _commit_concurrent(argv[1], bytes.fromhex(argv[2]), int(argv[3]))
+        return 0
+    if len(argv) in (3, 4) and argv[0] == "bench":
+        _bench(argv[1], int(argv[2]), int(argv[3]) if len(argv) == 4 else 1)
         return 0
     print(
         "usage: python -m fs3.testing.kv increment URL KEY_HEX N"
-        " | commit-forever URL PREFIX_HEX | bench URL N"
+        " | commit-forever URL PREFIX_HEX | commit-concurrent URL PREFIX_HEX THREADS"
+        " | bench URL N [THREADS]"
     )
     return 2
 

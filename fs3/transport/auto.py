@@ -7,17 +7,17 @@ region is of no use to the node; there the bytes ride the native RPC frame as
 its bulk payload, which the client's buffered receive scatters straight into the
 same buffer (:mod:`fs3.rpc.native.wire`). ``auto`` picks per I/O:
 
-* the node is on this host (its Unix socket is reachable, the test the native
-  RPC client uses to prefer it: :mod:`fs3.rpc.native.endpoints`) **and** the
+* the node is on this host (its region socket, through which a client hands
+  it a region's descriptor, is reachable: :mod:`fs3.transport.shm`) **and** the
   buffer lies inside a registered region (Iovs, registered by the USRBIO agent
   through :meth:`register_region`) -> shm;
 * anything else -> the storage client sends a ``frame`` ref (native RPC), or,
   over gRPC, the bytes inline. A buffer outside every region is never staged:
   copying it into shm would cost the copy the frame receive avoids.
 
-A node that looked local but refuses the registration (e.g. another PID
-namespace, so it cannot check the owner process) is remembered as remote and
-the I/O is retried on the frame path.
+A node that looked local but cannot take the region (its socket does not
+answer, or it refuses the descriptor) is remembered as remote and the I/O is
+retried on the frame path.
 """
 
 from __future__ import annotations
@@ -30,15 +30,13 @@ from fs3.rpc import settings
 from fs3.rpc.native import endpoints
 from fs3.transport.base import DONE, ReadCompletion, _noop_complete, inline_read_ref
 from fs3.transport.region import ShmRegion
-from fs3.transport.shm import ShmClientTransport, is_region_error
+from fs3.transport.shm import ShmClientTransport, is_region_error, region_socket_path
 
 
 def same_host(node_address: str) -> bool:
-    """True if the server advertising ``node_address`` shares this host (and network namespace)."""
-    rpc = settings.current()
-    return bool(rpc.unix_sockets) and endpoints.exists(
-        endpoints.uds_path(node_address, rpc.socket_dir)
-    )
+    """True if the storage node advertising ``node_address`` takes shm regions from this
+    host: its region socket (:func:`fs3.transport.shm.region_socket_path`) is here."""
+    return endpoints.exists(region_socket_path(node_address, settings.current().socket_dir))
 
 
 class AutoClientTransport(ShmClientTransport):
@@ -105,7 +103,9 @@ class AutoClientTransport(ShmClientTransport):
         try:
             await super()._ensure_registered(node, region)
         except FsError as e:
-            if e.code != Code.INVALID_ARGUMENT or is_region_error(e):
+            unreachable = e.code == Code.TRANSPORT and not e.retryable  # no region socket here
+            refused = e.code == Code.INVALID_ARGUMENT and not is_region_error(e)
+            if not (unreachable or refused):
                 raise
             # the node cannot map our memory (not really this host): frames from now on
             self._local[node] = False

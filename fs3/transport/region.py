@@ -15,6 +15,7 @@ with ``ptr - iov.base``.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import mmap
 import os
 import stat
@@ -129,8 +130,13 @@ class ShmRegion:
     unless asked). ``buf`` is a writable memoryview over the whole mapping.
     """
 
-    def __init__(self, path: str, size: int, mm: mmap.mmap, *, owner: bool, region_id: str) -> None:
+    def __init__(
+        self, path: str, size: int, mm: mmap.mmap, *, owner: bool, region_id: str, fd: int = -1
+    ) -> None:
         self.path = path
+        # The open file, kept so the region can be handed to a server by descriptor
+        # (SCM_RIGHTS, :func:`fs3.transport.shm.send_region`), never by name.
+        self.fd = fd
         self.size = size
         self.id = region_id
         self.owner = owner
@@ -153,7 +159,9 @@ class ShmRegion:
             _swept.add(prefix)
             sweep_dead_regions(prefix)
         rid = region_id or uuid.uuid4().hex
-        path = os.path.join(SHM_DIR, f"{prefix}-{os.getpid()}-{rid}")
+        # The file name is public (anyone can list /dev/shm); the region id is what a
+        # data request names, so it must not be guessable from the name.
+        path = os.path.join(SHM_DIR, f"{prefix}-{os.getpid()}-{uuid.uuid4().hex}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             os.ftruncate(fd, size)
@@ -162,12 +170,17 @@ class ShmRegion:
             os.close(fd)
             os.unlink(path)
             raise
-        os.close(fd)
-        return cls(path, size, mm, owner=True, region_id=rid)
+        return cls(path, size, mm, owner=True, region_id=rid, fd=fd)
 
     @classmethod
-    def open(cls, path: str, size: int | None = None, region_id: str = "") -> ShmRegion:
-        """Map an existing file under SHM_DIR; ``size`` (if given) must not exceed it."""
+    def open(
+        cls, path: str, size: int | None = None, region_id: str = "", *, owner_uid: int = -1
+    ) -> ShmRegion:
+        """Map an existing file under SHM_DIR; ``size`` (if given) must not exceed it.
+
+        ``owner_uid`` >= 0 (and not root): the opened file must belong to that user,
+        checked on the open descriptor, so the file cannot be swapped after a check.
+        """
         real = _check_shm_path(path)
         try:
             fd = os.open(real, os.O_RDWR | os.O_NOFOLLOW)
@@ -179,6 +192,10 @@ class ShmRegion:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise invalid(f"{path!r} is not a regular file")
+            if owner_uid > 0 and st.st_uid != owner_uid:
+                raise FsError(
+                    Code.PERMISSION_DENIED, f"{path!r} belongs to uid {st.st_uid}, not {owner_uid}"
+                )
             if size is None:
                 size = st.st_size
             if size <= 0 or size > st.st_size:
@@ -186,9 +203,36 @@ class ShmRegion:
                     f"region size {size} does not fit file {path!r} of {st.st_size} bytes"
                 )
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
+        except BaseException:
             os.close(fd)
-        return cls(real, size, mm, owner=False, region_id=region_id or os.path.basename(real))
+            raise
+        return cls(
+            real, size, mm, owner=False, region_id=region_id or os.path.basename(real), fd=fd
+        )
+
+    @classmethod
+    def from_fd(cls, fd: int, size: int, region_id: str) -> ShmRegion:
+        """Map a file another process handed over by descriptor; takes ownership of ``fd``.
+
+        The descriptor must be open read-write on a regular file of at least
+        ``size`` bytes: the kernel already decided the sender may use it, so no
+        path is looked up and nothing the sender could not touch gets mapped.
+        """
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise invalid("the region descriptor is not a regular file")
+            if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDWR:
+                raise FsError(
+                    Code.PERMISSION_DENIED, "the region descriptor is not open read-write"
+                )
+            if size <= 0 or size > st.st_size:
+                raise invalid(f"region size {size} does not fit its file of {st.st_size} bytes")
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(f"fd:{region_id}", size, mm, owner=False, region_id=region_id, fd=fd)
 
     @property
     def closed(self) -> bool:
@@ -227,6 +271,9 @@ class ShmRegion:
         except BufferError:
             return False
         self._mm = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
         return True
 
     def __repr__(self) -> str:

@@ -24,7 +24,7 @@ from fs3.config import TransportSection
 from fs3.errors import invalid
 from fs3.proto import transport_pb2
 from fs3.transport.base import ref_kind
-from fs3.transport.shm import ShmRegistry, preadv_into
+from fs3.transport.shm import ShmRegistry, preadv_into, region_socket_path
 
 _NOT_HERE = (
     "{kind} DataRef: the tcp data transport is the native RPC's frame payload now; "
@@ -78,8 +78,12 @@ class ServerTransport:
         """Always "": no separate data listener (bulk bytes ride the RPC connection)."""
         return ""
 
-    async def start(self, host: str) -> None:
+    async def start(self, host: str, address: str = "", socket_dir: str | None = None) -> None:
+        """Start the region sweeper and, given the node's RPC ``address``, the region
+        socket beside its RPC socket where same-host clients register regions by handle."""
         await self.regions.start()
+        if address:
+            await self.regions.serve_handles(region_socket_path(address, socket_dir))
 
     async def stop(self) -> None:
         await self.regions.stop()

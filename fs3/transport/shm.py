@@ -10,8 +10,15 @@ through a socket or through a Python-level copy on the server.
 
 Safety, server side (:class:`ShmRegistry`):
 
-* a server maps only files directly under /dev/shm that a client registered,
-  and validates every ``(offset, length)`` against the registered size:
+* a region is registered *by handle*, never by name: the client passes the open
+  file descriptor over the node's region socket (a Unix socket beside its RPC
+  socket, :func:`region_socket_path`) with ``SCM_RIGHTS``, and the owner pid and
+  uid come from the kernel (``SO_PEERCRED``), not from the request. So a server
+  (often root) maps only memory the caller itself could open read-write; the
+  old ``RegisterRegion`` RPC naming a /dev/shm path is refused;
+* region ids are random and never part of a file name, so another local user
+  who lists /dev/shm cannot name someone else's region in a data request;
+* every ``(offset, length)`` is validated against the registered size:
   unknown region or out-of-bounds range -> ``FsError(INVALID_ARGUMENT)``;
 * a region is dropped on ``UnregisterRegion``, when its owner pid is gone
   (checked periodically, with the process start time so a reused pid does not
@@ -29,10 +36,13 @@ registered with each storage node lazily, on first use, and unregistered on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno as _errno
 import itertools
 import logging
 import os
+import socket
+import struct
 import weakref
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -40,8 +50,12 @@ from typing import Any
 
 from fs3.errors import Code, FsError, invalid
 from fs3.logs import event
-from fs3.proto import transport_pb2, transport_pb2_grpc
+from fs3.proto import common_pb2, transport_pb2, transport_pb2_grpc
+from fs3.rpc import settings as rpc_settings
 from fs3.rpc.channel import ChannelPool, call
+from fs3.rpc.native.endpoints import prepare as prepare_socket
+from fs3.rpc.native.endpoints import remove as remove_socket
+from fs3.rpc.native.endpoints import uds_path
 from fs3.transport.base import (
     DONE,
     ClientTransport,
@@ -69,6 +83,53 @@ def is_region_error(err: BaseException) -> bool:
     )
 
 
+# --------------------------------------------------------------------------- registration by handle
+
+MAX_REGISTRATION_BYTES = 4096  # one RegisterRegionRequest (ids are short)
+MAX_REGION_BYTES = 1 << 40  # sanity bound of one region's size
+REGISTRATION_TIMEOUT_S = 5.0  # a peer that connects and sends nothing is dropped after this
+MAX_PENDING_REGISTRATIONS = 64  # connections served at once; more wait in the backlog
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def region_socket_path(address: str, socket_dir: str | None = None) -> str:
+    """The region socket of the storage node advertising ``address`` (same host only)."""
+    base = uds_path(address, socket_dir or rpc_settings.current().socket_dir)
+    return base.removesuffix(".sock") + ".regions.sock"
+
+
+def send_region(
+    path: str, client_id: str, region: ShmRegion, timeout_s: float = REGISTRATION_TIMEOUT_S
+) -> None:
+    """Register ``region`` with the node listening at ``path``: its descriptor travels
+    with ``SCM_RIGHTS``. Blocking (run it in a thread); raises the node's refusal."""
+    if region.fd < 0:
+        raise invalid(f"region {region.id!r} has no open descriptor to hand over")
+    req = transport_pb2.RegisterRegionRequest(
+        client_id=client_id, region=region.id, size=region.size
+    )
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(path)
+            socket.send_fds(sock, [req.SerializeToString()], [region.fd])
+            answer = sock.recv(MAX_REGISTRATION_BYTES)
+        except OSError as e:
+            raise FsError(
+                Code.TRANSPORT,
+                f"cannot register shm region at {path}: {e.strerror or e} "
+                "(the shm transport needs a storage node on this host)",
+                retryable=False,
+            ) from None
+    if not answer:
+        raise FsError(
+            Code.TRANSPORT, f"the node at {path} closed without answering", retryable=True
+        )
+    detail = common_pb2.ErrorDetail.FromString(answer)
+    if detail.code:
+        raise FsError(detail.code, detail.message, errno=detail.errno or None)
+
+
 # --------------------------------------------------------------------------- server side
 
 
@@ -79,6 +140,7 @@ class _Registered:
     pid: int
     start_time: str | None
     region: ShmRegion
+    uid: int = -1
 
 
 class ShmRegistry:
@@ -93,6 +155,11 @@ class ShmRegistry:
         self._regions: dict[str, _Registered] = {}
         self._graveyard: list[ShmRegion] = []
         self._task: asyncio.Task[None] | None = None
+        self._listener: socket.socket | None = None
+        self._accepter: asyncio.Task[None] | None = None
+        self._socket_path = ""
+        self._conns: set[asyncio.Task[None]] = set()
+        self._conn_slots = asyncio.Semaphore(MAX_PENDING_REGISTRATIONS)
 
     def __len__(self) -> int:
         return len(self._regions)
@@ -103,33 +170,120 @@ class ShmRegistry:
     # -- registration ---------------------------------------------------------
 
     def register(self, req: transport_pb2.RegisterRegionRequest) -> None:
-        if not req.client_id or not req.region:
-            raise invalid("RegisterRegion needs client_id and region")
-        if req.size <= 0:
-            raise invalid(f"RegisterRegion: size must be > 0, got {req.size}")
-        if req.pid <= 0:
-            raise invalid("RegisterRegion: pid of the owner is required (same-host transport)")
-        start = process_start_time(req.pid)
-        if start is None:
-            raise invalid(f"RegisterRegion: owner pid {req.pid} does not exist on this host")
-        old = self._regions.get(req.region)
-        if old is not None:
-            if old.client_id != req.client_id:
-                raise invalid(f"RegisterRegion: region {req.region!r} belongs to another client")
-            if old.region.path == os.path.realpath(req.path) and old.region.size == req.size:
-                return  # a retried registration
-        region = ShmRegion.open(req.path, req.size, region_id=req.region)
+        """``RegisterRegion`` by path: refused. A server must not map memory by a name a
+        caller chose (another user's /dev/shm file); regions come by handle instead."""
+        raise FsError(
+            Code.PERMISSION_DENIED,
+            "RegisterRegion by path is refused: hand the region's file descriptor to the "
+            "node's region socket (fs3.transport.shm.send_region)",
+        )
+
+    def register_handle(
+        self,
+        req: transport_pb2.RegisterRegionRequest,
+        fd: int,
+        pid: int,
+        uid: int,
+    ) -> None:
+        """Map a region handed over by descriptor; ``pid``/``uid`` are the kernel's word
+        (``SO_PEERCRED``). Takes ownership of ``fd`` (closed on any refusal)."""
+        try:
+            if not req.client_id or not req.region:
+                raise invalid("RegisterRegion needs client_id and region")
+            if len(req.region) > 128 or len(req.client_id) > 256:
+                raise invalid("RegisterRegion: client_id or region id too long")
+            if not 0 < req.size <= MAX_REGION_BYTES:
+                raise invalid(f"RegisterRegion: size must be in (0, {MAX_REGION_BYTES}]")
+            start = process_start_time(pid)
+            if start is None:
+                raise invalid(f"RegisterRegion: peer pid {pid} is gone")
+            old = self._regions.get(req.region)
+            if old is not None and (old.client_id != req.client_id or old.uid != uid):
+                raise FsError(
+                    Code.PERMISSION_DENIED,
+                    f"RegisterRegion: region {req.region!r} belongs to another client",
+                )
+        except BaseException:
+            os.close(fd)
+            raise
+        region = ShmRegion.from_fd(fd, req.size, req.region)
         if old is not None:
             self._bury(old.region)
-        self._regions[req.region] = _Registered(req.client_id, req.region, req.pid, start, region)
+        self._regions[req.region] = _Registered(req.client_id, req.region, pid, start, region, uid)
         event(
             log,
             "shm region registered",
             client=req.client_id,
-            region=req.region,
+            region=req.region[:8],  # a prefix: logs may be readable by users the id must not reach
             size=req.size,
-            pid=req.pid,
+            pid=pid,
+            uid=uid,
         )
+
+    async def serve_handles(self, path: str) -> None:
+        """Listen for registrations by handle on the Unix socket ``path``."""
+        prepare_socket(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.bind(path)
+            os.chmod(path, 0o666)  # any local user may register *their own* memory
+            sock.listen(MAX_PENDING_REGISTRATIONS)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        self._listener, self._socket_path = sock, path
+        self._accepter = asyncio.create_task(self._accept(sock), name="shm-region-socket")
+
+    async def _accept(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(sock)
+            except OSError as e:
+                log.warning("region socket accept failed: %s", e)
+                await asyncio.sleep(0.1)
+                continue
+            await self._conn_slots.acquire()
+            t = asyncio.create_task(self._serve_conn(conn))
+            self._conns.add(t)
+            t.add_done_callback(self._conn_done)
+
+    def _conn_done(self, t: asyncio.Task[None]) -> None:
+        self._conns.discard(t)
+        self._conn_slots.release()
+
+    async def _serve_conn(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        fds: list[int] = []
+        try:
+            conn.setblocking(False)
+            pid, uid, _gid = _UCRED.unpack(
+                conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+            )
+            try:
+                async with asyncio.timeout(REGISTRATION_TIMEOUT_S):
+                    msg, fds = await _recv_with_fds(loop, conn)
+                if len(fds) != 1:
+                    raise invalid(f"RegisterRegion: expected one descriptor, got {len(fds)}")
+                req = transport_pb2.RegisterRegionRequest.FromString(msg)
+                fd = fds.pop()
+                self.register_handle(req, fd, pid, uid)
+                answer = common_pb2.ErrorDetail(message="registered")  # never empty
+            except TimeoutError:
+                return
+            except FsError as e:
+                answer = common_pb2.ErrorDetail(code=int(e.code), errno=e.errno, message=e.message)
+            except Exception as e:  # malformed message, mmap failure: refuse, never crash
+                answer = common_pb2.ErrorDetail(
+                    code=int(Code.INVALID_ARGUMENT), message=f"RegisterRegion: {e}"
+                )
+            with contextlib.suppress(OSError):
+                await loop.sock_sendall(conn, answer.SerializeToString())
+        finally:
+            for fd in fds:
+                os.close(fd)
+            conn.close()
 
     def unregister(self, client_id: str, region_id: str) -> bool:
         reg = self._regions.get(region_id)
@@ -137,7 +291,7 @@ class ShmRegistry:
             return False
         del self._regions[region_id]
         self._bury(reg.region)
-        event(log, "shm region dropped", client=client_id, region=region_id)
+        event(log, "shm region dropped", client=client_id, region=region_id[:8])
         return True
 
     def _bury(self, region: ShmRegion) -> None:
@@ -153,7 +307,9 @@ class ShmRegistry:
                 self._regions.pop(rid, None)
                 self._bury(reg.region)
                 dropped += 1
-                event(log, "shm region owner gone", client=reg.client_id, region=rid, pid=reg.pid)
+                event(
+                    log, "shm region owner gone", client=reg.client_id, region=rid[:8], pid=reg.pid
+                )
         self._graveyard = [r for r in self._graveyard if not r.close(unlink=False)]
         return dropped
 
@@ -193,9 +349,48 @@ class ShmRegistry:
             except asyncio.CancelledError:
                 pass
             self._task = None
+        if self._accepter is not None:
+            self._accepter.cancel()
+            await asyncio.gather(self._accepter, *self._conns, return_exceptions=True)
+            self._accepter = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+            remove_socket(self._socket_path)
         for rid, reg in list(self._regions.items()):
             self.unregister(reg.client_id, rid)
         self._graveyard = [r for r in self._graveyard if not r.close(unlink=False)]
+
+
+async def _recv_with_fds(
+    loop: asyncio.AbstractEventLoop, conn: socket.socket
+) -> tuple[bytes, list[int]]:
+    """One SEQPACKET message and the descriptors that came with it (at most 4; a
+    message truncated or with more descriptors is refused, and they are closed)."""
+    fut: asyncio.Future[tuple[bytes, list[int]]] = loop.create_future()
+
+    def ready() -> None:
+        if fut.done():
+            return
+        try:
+            msg, fds, flags, _addr = socket.recv_fds(conn, MAX_REGISTRATION_BYTES, 4)
+        except BlockingIOError:
+            return
+        except OSError as e:
+            fut.set_exception(e)
+            return
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            for fd in fds:
+                os.close(fd)
+            fut.set_exception(invalid("RegisterRegion: message or descriptors truncated"))
+            return
+        fut.set_result((msg, fds))
+
+    loop.add_reader(conn.fileno(), ready)
+    try:
+        return await fut
+    finally:
+        loop.remove_reader(conn.fileno())
 
 
 async def preadv_into(fd: int, view: memoryview, offset: int, *, thread_threshold: int) -> int:
@@ -443,15 +638,13 @@ class ShmClientTransport(ClientTransport):
             fut = asyncio.get_running_loop().create_future()
             st.registered[region.id] = fut
             try:
-                stub = transport_pb2_grpc.TransportServiceStub(self._pool.get(node))
-                req = transport_pb2.RegisterRegionRequest(
-                    client_id=self.client_id,
-                    region=region.id,
-                    path=region.path,
-                    size=region.size,
-                    pid=os.getpid(),
+                await asyncio.to_thread(
+                    send_region,
+                    region_socket_path(node),
+                    self.client_id,
+                    region,
+                    self._rpc_timeout_s,
                 )
-                await call(stub.RegisterRegion, req, timeout=self._rpc_timeout_s)
             except BaseException as e:
                 st.registered.pop(region.id, None)
                 fut.set_exception(

@@ -223,7 +223,8 @@ class UsrbioAgent:
             raise _RefusedError(_errno.EEXIST, "iov id already registered")
         path, size = _validated_path(msg.get("path"), IOV_PREFIX, msg.get("size"), peer.uid)
         try:
-            region = ShmRegion.open(path, size, region_id=iov_id.hex())
+            # the owner is checked again on the open descriptor (the path could change)
+            region = ShmRegion.open(path, size, region_id=iov_id.hex(), owner_uid=peer.uid)
         except FsError as e:
             raise _RefusedError(e.errno, e.message) from None
         iov = _AgentIov(iov_id, region, peer.uid)
@@ -267,7 +268,7 @@ class UsrbioAgent:
     ) -> None:
         path, size = _validated_path(msg.get("path"), IOR_PREFIX, msg.get("size"), peer.uid)
         try:
-            region = ShmRegion.open(path, size)
+            region = ShmRegion.open(path, size, owner_uid=peer.uid)
         except FsError as e:
             raise _RefusedError(e.errno, e.message) from None
         try:

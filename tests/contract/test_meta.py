@@ -1230,6 +1230,75 @@ def test_close_without_report_keeps_inode_record(fs: Fs, db: Database) -> None:
     assert err(fs.getattr, o.attr.inode) == errno.ENOENT
 
 
+def test_close_sessions_ends_many_in_one_call_and_is_idempotent(fs: Fs, db: Database) -> None:
+    """CloseSessions: sessions go, inode records stay, an orphan's last session releases it,
+    sessions already gone are skipped, bad requests change nothing."""
+    from fs3.meta import schema as S
+
+    a = fs.create(1, "a")
+    b = fs.create(1, "b")
+    o = fs.create(1, "o")
+    held = fs.op.open(F.OpenRequest(user=ROOT, request_id=rid(), inode=a.attr.inode, flags=RW))
+    fs.unlink(1, "o")
+    rec_a = db.run(lambda tr: tr.get(S.inode_key(a.attr.inode)))
+    refs = [F.SessionRef(inode=r.attr.inode, session_id=r.session_id) for r in (a, b, o)]
+
+    # bad input first: nothing may change
+    too_many = [refs[0]] * 1025
+    assert err(fs.op.close_sessions, F.CloseSessionsRequest(user=ROOT, sessions=too_many)) == (
+        errno.EINVAL
+    )
+    bad = [*refs, F.SessionRef(inode=0, session_id="x")]
+    assert err(fs.op.close_sessions, F.CloseSessionsRequest(user=ROOT, sessions=bad)) == (
+        errno.EINVAL
+    )
+    assert fs.getattr(o.attr.inode).nlink == 0  # still held by its session
+
+    r = fs.op.close_sessions(F.CloseSessionsRequest(user=ROOT, sessions=refs))
+    assert r.closed == 3
+    assert db.run(lambda tr: tr.get(S.inode_key(a.attr.inode))) == rec_a  # untouched
+    assert err(fs.getattr, o.attr.inode) == errno.ENOENT  # the orphan went to GC
+    assert [e.inode for e in fs.op.list_gc(F.ListGcRequest(user=ROOT)).entries] == [o.attr.inode]
+    assert err(fs.close, a.attr.inode, a.session_id) == errno.EBADF  # really gone
+    # a retry (lost reply) finds nothing left to do
+    assert fs.op.close_sessions(F.CloseSessionsRequest(user=ROOT, sessions=refs)).closed == 0
+    # the other open session of "a" is untouched
+    fs.close(a.attr.inode, held.session_id)
+
+
+def test_create_and_open_end_piggybacked_sessions_in_their_transaction(fs: Fs) -> None:
+    """Sessions riding on Create/Open end with it; a failing Create ends none of them."""
+    a = fs.create(1, "a")
+    b = fs.create(1, "b")
+    fs.unlink(1, "b")  # an orphan, held by its session
+    ref_a = F.SessionRef(inode=a.attr.inode, session_id=a.session_id)
+    ref_b = F.SessionRef(inode=b.attr.inode, session_id=b.session_id)
+    # O_EXCL on an existing name fails: nothing may change, the sessions stay
+    assert err(fs.create, 1, "a", flags=RW | os.O_EXCL, close_sessions=[ref_a, ref_b]) == (
+        errno.EEXIST
+    )
+    assert fs.getattr(b.attr.inode).nlink == 0
+    assert err(fs.create, 1, "c", close_sessions=[F.SessionRef(inode=0, session_id="x")]) == (
+        errno.EINVAL
+    )
+    assert err(fs.lookup, 1, "c") == errno.ENOENT
+    c = fs.create(1, "c", close_sessions=[ref_a, ref_b])
+    assert c.created
+    assert err(fs.getattr, b.attr.inode) == errno.ENOENT  # the orphan's last session went
+    assert err(fs.close, a.attr.inode, a.session_id) == errno.EBADF
+    o = fs.op.open(
+        F.OpenRequest(
+            user=ROOT,
+            request_id=rid(),
+            inode=a.attr.inode,
+            flags=os.O_RDONLY,
+            close_sessions=[F.SessionRef(inode=c.attr.inode, session_id=c.session_id)],
+        )
+    )
+    assert err(fs.close, c.attr.inode, c.session_id) == errno.EBADF
+    fs.close(a.attr.inode, o.session_id)
+
+
 @pytest.mark.parametrize("step", [1, 3, 50])
 def test_readdir_attrs_dense_and_sparse_inodes(fs: Fs, step: int) -> None:
     """Attributes in ReadDir equal GetAttr's whether inodes are dense (range read) or not."""

@@ -44,7 +44,7 @@ from fs3.transport import (
     is_inline,
     ref_length,
 )
-from fs3.transport.shm import ShmClientTransport
+from fs3.transport.shm import ShmClientTransport, region_socket_path, send_region
 
 # grpc and shm: "tcp" is an alias of grpc since the tcp data transport folded into the
 # native RPC (its frame payloads are tested in tests/unit/rpc/test_native_bulk.py)
@@ -55,6 +55,11 @@ DataRef = transport_pb2.DataRef
 
 def run(coro: Awaitable[Any]) -> Any:
     return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def _renamed(region: ShmRegion, rid: str) -> ShmRegion:
+    region.id = rid
+    return region
 
 
 # --------------------------------------------------------------------------- the echo storage service
@@ -134,8 +139,8 @@ class EchoNode:
         )
         port = bind(self.server, "127.0.0.1", 0)
         await self.server.start()
-        await self.st.start("127.0.0.1")
         self.address = f"127.0.0.1:{port}"
+        await self.st.start("127.0.0.1", address=self.address)  # + its region socket
 
     async def stop(self) -> None:
         await self.server.stop(0)
@@ -307,22 +312,26 @@ def test_shm_bounds_and_unknown_region_refused() -> None:
             assert (
                 ei.value.code == Code.INVALID_ARGUMENT and "unknown shm region" in ei.value.message
             )
-            # a registration naming a file outside /dev/shm is refused
+            # a registration by path (any file, even one under /dev/shm) is refused
             stub = transport_pb2_grpc.TransportServiceStub(c.pool.get(c.address))
-            for path in ("/etc/passwd", "/dev/shm/../../etc/passwd", "/dev/shm/does-not-exist"):
+            region = next(iter(c.ct.regions))  # type: ignore[attr-defined]
+            for path in ("/etc/passwd", "/dev/shm/../../etc/passwd", region.path):
                 req = transport_pb2.RegisterRegionRequest(
                     client_id="x", region="evil", path=path, size=10, pid=os.getpid()
                 )
                 with pytest.raises(FsError) as ei:
                     await call(stub.RegisterRegion, req, timeout=5)
-                assert ei.value.code == Code.INVALID_ARGUMENT
-            # someone else's region id cannot be taken over
-            region = next(iter(c.ct.regions))  # type: ignore[attr-defined]
-            req = transport_pb2.RegisterRegionRequest(
-                client_id="other", region=rid, path=region.path, size=4096, pid=os.getpid()
-            )
-            with pytest.raises(FsError):
-                await call(stub.RegisterRegion, req, timeout=5)
+                assert ei.value.code == Code.PERMISSION_DENIED
+            # someone else's region id cannot be taken over, even with a descriptor
+            other = ShmRegion.create(4096)
+            try:
+                with pytest.raises(FsError) as ei:
+                    await asyncio.to_thread(
+                        send_region, region_socket_path(c.address), "other", _renamed(other, rid)
+                    )
+                assert ei.value.code == Code.PERMISSION_DENIED
+            finally:
+                other.close()
             # delivering more than the destination holds is refused
             small = DataRef(shm=transport_pb2.ShmRef(region=rid, offset=0, length=10))
             with pytest.raises(FsError) as ei:

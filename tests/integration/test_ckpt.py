@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -21,7 +23,7 @@ from fuse_helpers import fresh_dir, needs_fuse  # noqa: E402 - after register_as
 
 import fs3.ckpt as ckpt  # noqa: E402
 from fs3.ckpt import layout  # noqa: E402
-from fs3.ckpt.store import ClientStore, PosixStore  # noqa: E402
+from fs3.ckpt.store import IO_BYTES, ClientStore, PosixStore, Segment  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
@@ -134,6 +136,53 @@ def test_mount_uses_usrbio(fuse_cluster: ProcessCluster, client: Any) -> None:
     assert plain.kind == "posix" and layout.verify(plain, 1) == []
     _same(sd, ckpt.load(plain))
     plain.close()
+    c.close()
+
+
+def _mapping_of(addr: int) -> str:
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= addr < hi:
+                return line
+    raise AssertionError(f"{addr:#x} is not mapped")
+
+
+def test_usrbio_load_is_zero_copy_and_failures_drain(
+    fuse_cluster: ProcessCluster, client: Any
+) -> None:
+    d = fresh_dir(fuse_cluster)
+    c = ckpt.Checkpointer(str(d))
+    assert c.store.kind == "usrbio"
+    sd = _state(3, n=60)
+    c.save(sd, step=1).wait()
+    out = c.load(1)
+    _same(sd, out)
+    # the agent read into a fresh Iov: the tensors live in its shared memory, which is
+    # already deregistered (unlinked, nothing left in the store) and stays while they do
+    m = _mapping_of(out["layers"]["0"].data_ptr())
+    assert "/dev/shm/" in m and "(deleted)" in m, m
+    assert not c.store._iovs
+    out["layers"]["0"].add_(1)  # ordinary writable memory
+    # a read past the end fails on one ring while the other has I/Os in flight: both drain
+    # (the staging Iov is reused by the next call) and the error is the short read
+    rel = f"{layout.step_dir(1)}/{layout.data_name(0)}"
+    size = c.store.size(rel)
+    buf = memoryview(bytearray(size + 3 * IO_BYTES))
+    with pytest.raises(OSError) as ei:
+        c.store.read_segments(rel, [Segment(0, buf)])
+    assert ei.value.errno == errno.EIO
+    _same(sd, c.load(1, into=_empty_like(sd)))  # staged through the same staging Iov
+    # a flipped bit on storage is caught on the USRBIO path, naming the tensor
+    with open(d / rel, "r+b") as f:
+        f.seek(size // 2)
+        b = f.read(1)
+        f.seek(size // 2)
+        f.write(bytes([b[0] ^ 0x10]))
+        f.flush()
+        os.fsync(f.fileno())
+    with pytest.raises(ckpt.CorruptCheckpoint, match="CRC32C mismatch"):
+        c.load(1)
     c.close()
 
 

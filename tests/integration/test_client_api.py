@@ -820,3 +820,90 @@ def test_write_by_non_root_clears_setid_bits_on_any_path(
     with client.open("/setid/prog", "ab") as f:
         f.write(b"echo\n")  # root keeps them (CAP_FSETID)
     assert stat.S_IMODE(client.stat("/setid/prog").st_mode) == 0o6777
+
+
+def test_closing_a_handle_that_wrote_nothing_costs_no_round_trip(client: Any) -> None:
+    """Create + close of an unwritten file: one Create RPC; the session ends with the next
+    Create (or a batched CloseSessions); a handle that wrote still closes with its own Close."""
+    from fs3.client.core import ROOT
+
+    core = client.core
+    calls: list[str] = []
+    ended: list[tuple[int, str]] = []  # sessions sent to be ended, by any request
+    real_call = core.meta.call
+
+    async def spy(method: str, req: Any, **kw: Any) -> Any:
+        calls.append(method)
+        refs = getattr(req, "close_sessions", None) or getattr(req, "sessions", None) or []
+        ended.extend((r.inode, r.session_id) for r in refs)
+        return await real_call(method, req, **kw)
+
+    core.meta.call = spy
+    try:
+        client.bridge.run(core.flush_closes())
+        with client.open("/quiet-1", "xb"):
+            pass
+        # no lookup before it, no Close after it (the session ends later)
+        assert calls in (["Create"], ["Create", "CloseSessions"])
+        for i in range(2, 6):
+            client.open(f"/quiet-{i}", "wb").close()
+        client.bridge.run(core.flush_closes())
+        assert "Close" not in calls and calls.count("Create") == 5
+        assert len(set(ended)) == 5  # every session was ended once it was flushed
+        ino = client.stat("/quiet-1").st_ino
+        client.unlink("/quiet-1")  # no session left: removed at once, not kept as an orphan
+        with pytest.raises(FsError) as ei:
+            client.bridge.run(core.getattr(ROOT, ino))
+        assert ei.value.errno == errno.ENOENT
+        calls.clear()
+        with client.open("/loud", "wb") as f:
+            f.write(b"data")
+        assert calls[-1] == "Close"  # the length goes with the session close
+        assert client.stat("/loud").st_size == 4
+    finally:
+        core.meta.call = real_call
+        client.bridge.run(core.flush_closes())
+        for name in [f"/quiet-{i}" for i in range(2, 6)] + ["/loud"]:
+            if client.lexists(name):
+                client.unlink(name)
+
+
+def test_directories_on_a_path_are_reused_but_own_changes_show_at_once(client: Any) -> None:
+    """Path resolution remembers directories per caller (dir_cache_s); rmdir/rename/chmod
+    by this client drop them, and another caller still asks meta itself."""
+    from fs3.client.core import Caller
+
+    core = client.core
+    calls: list[str] = []
+    real_call = core.meta.call
+
+    async def spy(method: str, req: Any, **kw: Any) -> Any:
+        calls.append(method)
+        return await real_call(method, req, **kw)
+
+    client.makedirs("/dc/sub", exist_ok=True)
+    client.chmod("/dc", 0o700)  # only root may search it
+    core.meta.call = spy
+    try:
+        client.open("/dc/sub/a", "wb").close()
+        calls.clear()
+        client.open("/dc/sub/b", "wb").close()
+        assert calls[0] == "Create"  # /dc and /dc/sub were not looked up again
+        assert client.stat("/dc/sub/a").st_size == 0
+        # another caller resolves on its own: no search permission in /dc for uid 1234
+        with pytest.raises(FsError) as ei:
+            client.bridge.run(core.resolve(Caller(1234, 1234), "/dc/sub/a"))
+        assert ei.value.errno == errno.EACCES
+        client.rename("/dc/sub", "/dc/moved")
+        with pytest.raises(FileNotFoundError):
+            client.open("/dc/sub/c", "wb")
+        assert sorted(client.listdir("/dc/moved")) == ["a", "b"]
+    finally:
+        core.meta.call = real_call
+        client.bridge.run(core.flush_closes())
+    for n in ("a", "b"):
+        client.unlink(f"/dc/moved/{n}")
+    client.rmdir("/dc/moved")
+    with pytest.raises(FileNotFoundError):
+        client.open("/dc/moved/x", "wb")
+    client.rmdir("/dc")

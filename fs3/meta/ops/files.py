@@ -18,6 +18,7 @@ import errno
 import os
 import stat
 import uuid
+from collections.abc import Sequence
 
 from fs3.errors import invalid, posix
 from fs3.limits import MAX_CHUNK_INDEX
@@ -128,11 +129,22 @@ def _open_existing(
 def open_(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.OpenRequest) -> meta_pb2.OpenResponse:
     if req.inode == 0:
         raise posix(errno.EINVAL, "inode is required")
+    check_session_refs(req.close_sessions)
     node = tx.must(req.inode)
-    return _open_existing(tx, ctx, node, req.flags, req.client_id, req.request_id)
+    resp = _open_existing(tx, ctx, node, req.flags, req.client_id, req.request_id)
+    if end_sessions(tx, ctx, req.close_sessions):
+        ctx.changed = True
+    return resp
 
 
 def create(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.CreateRequest) -> meta_pb2.OpenResponse:
+    check_session_refs(req.close_sessions)
+    resp = _create(ctx, tx, req)
+    end_sessions(tx, ctx, req.close_sessions)
+    return resp
+
+
+def _create(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.CreateRequest) -> meta_pb2.OpenResponse:
     from fs3.meta.layout import validate_layout
     from fs3.meta.ops.common import check_new_name, writable_dir
 
@@ -237,6 +249,49 @@ def close(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.CloseRequest) -> meta_pb2.AttrR
         # meta) leaves the inode record alone: only its session goes.
         tx.put_inode(node)
     return meta_pb2.AttrResponse(attr=S.public_attr(node.attr))
+
+
+CLOSE_SESSIONS_MAX = 1024
+
+
+def check_session_refs(refs: Sequence[meta_pb2.SessionRef]) -> None:
+    """Session references of CloseSessions (or piggybacked on Create/Open) are well formed."""
+    if len(refs) > CLOSE_SESSIONS_MAX:
+        raise invalid(f"at most {CLOSE_SESSIONS_MAX} sessions per request")
+    for s in refs:
+        if s.inode == 0 or not s.session_id:
+            raise invalid("every session needs an inode and a session_id")
+        if len(s.session_id) > S.REQUEST_ID_MAX:
+            raise invalid(f"session_id longer than {S.REQUEST_ID_MAX} characters")
+
+
+def end_sessions(tx: MetaTxn, ctx: OpCtx, refs: Sequence[meta_pb2.SessionRef]) -> int:
+    """End sessions that report nothing; returns how many were still open.
+
+    Only the session records go (and an orphan whose last session this was):
+    with no length or mtime to apply the inode records stay as they are. A
+    session already gone is skipped, so a repeat is harmless.
+    """
+    closed = 0
+    for s in refs:
+        if tx.get_session(s.inode, s.session_id) is None:
+            continue
+        tx.clear_session(s.inode, s.session_id)
+        closed += 1
+        node = tx.load(s.inode)
+        if node is not None and node.attr.nlink == 0 and not tx.has_sessions(node.ino):
+            release(tx, ctx, node)
+    return closed
+
+
+def close_sessions(
+    ctx: OpCtx, tx: MetaTxn, req: meta_pb2.CloseSessionsRequest
+) -> meta_pb2.CloseSessionsResponse:
+    """End many no-report sessions in one transaction (idempotent: no idempotency record)."""
+    check_session_refs(req.sessions)
+    closed = end_sessions(tx, ctx, req.sessions)
+    ctx.changed = closed > 0
+    return meta_pb2.CloseSessionsResponse(closed=closed)
 
 
 def sync(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.SyncRequest) -> meta_pb2.AttrResponse:

@@ -31,8 +31,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import math
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fs3.errors import Code, FsError
@@ -47,6 +48,7 @@ from fs3.rpc.native.wire import (
     HALF_CLOSE,
     HAS_MESSAGE,
     MESSAGE,
+    PACK_HEADER,
     REPLY,
     FrameReceiver,
     ProtocolViolation,
@@ -110,13 +112,14 @@ class ClientConnection(FrameReceiver):
         self.channel = channel
         self.max_body = channel.max_message_bytes
         self.max_payload = channel.max_payload_bytes
-        self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self._next_rid = 1
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._streams: dict[int, _StreamState] = {}
         self._dests: dict[int, Into] = {}
+        # unary deadlines (loop time, method id, path), enforced by FrameReceiver's sweep
+        self._deadlines: dict[int, tuple[float, int, str]] = {}
         self._inflight = 0
         self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._write_paused = False
@@ -131,6 +134,7 @@ class ClientConnection(FrameReceiver):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             _keepalive(sock)
+        wire.size_unix_send_buffer(sock, self.channel.write_buffer_bytes)
         transport.set_write_buffer_limits(high=self.channel.write_buffer_bytes)
         transport.write(wire.PREFACE)
 
@@ -160,6 +164,7 @@ class ClientConnection(FrameReceiver):
     def _fail_all(self, err: FsError) -> None:
         self.closed = True
         self._broken = True
+        self.stop_deadlines()
         pending, self._pending = self._pending, {}
         for fut in pending.values():
             if not fut.done():
@@ -268,8 +273,7 @@ class ClientConnection(FrameReceiver):
             raise _unavailable(self.channel.address, "connection closed")
         self._inflight += 1
 
-    def _release_slot(self) -> None:
-        self._inflight -= 1
+    def _wake_slot_waiter(self) -> None:
         while self._slot_waiters:
             w = self._slot_waiters.popleft()
             if not w.done():
@@ -321,7 +325,10 @@ class ClientConnection(FrameReceiver):
         timeout: float | None,  # noqa: ASYNC109 - travels to the server as the deadline
         payload: Any = None,
         into: Into | None = None,
-    ) -> tuple[bytes | memoryview, wire.Payload | None]:
+        deser: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        """One unary call: ``(body, payload)`` of the answer, or with ``deser``
+        the stub's result (the message; with ``into`` or a payload a tuple)."""
         if len(body) > self.max_body or (payload is not None and len(payload) > self.max_payload):
             # the server would close the connection (and every call on it) for this frame
             raise FsError(
@@ -337,38 +344,69 @@ class ClientConnection(FrameReceiver):
         self._next_rid = rid + 1
         loop = self._loop
         fut: asyncio.Future[Any] = loop.create_future()
-        self._pending[rid] = fut
+        pending = self._pending
+        pending[rid] = fut
         if into is not None:
             self._dests[rid] = into
-        timer = None
         try:
             if self._write_paused:
                 await self.writable()
+            t = self.transport
+            if t is None or self.closed:
+                raise _unavailable(self.channel.address, "connection closed")
+            tmo = 0
             if timeout is not None:
-                timer = loop.call_later(timeout, self._expire, fut, mid, rid, path)
-                self.send(CALL, HAS_MESSAGE, mid, rid, max(1, int(timeout * 1000)), body, payload)
+                deadline = loop.time() + timeout
+                self._deadlines[rid] = (deadline, mid, path)
+                if deadline < self._sweep_at:
+                    self.arm_deadline(deadline)
+                tmo = max(1, int(timeout * 1000))
+            if payload is None or not len(payload):
+                self.write_one(
+                    t, PACK_HEADER(CALL, HAS_MESSAGE, 0, mid, rid, tmo, len(body), 0) + body
+                )
             else:
-                self.send(CALL, HAS_MESSAGE, mid, rid, 0, body, payload)
-            return await fut  # type: ignore[no-any-return]
+                head = PACK_HEADER(CALL, HAS_MESSAGE, 0, mid, rid, tmo, len(body), len(payload))
+                self.write_frame(t, head + body, payload)
+            body_in, pl = await fut
+            if deser is None:
+                return body_in, pl
+            resp = deser(body_in)
+            if into is not None:
+                return resp, wire.payload_len(pl)
+            if pl is not None:
+                return resp, pl
+            return resp
         except asyncio.CancelledError:
-            if self._pending.get(rid) is fut:
+            if pending.get(rid) is fut:
                 self.cancel(mid, rid)
             raise
         finally:
-            if timer is not None:
-                timer.cancel()
+            if timeout is not None:
+                self._deadlines.pop(rid, None)
             if into is not None:
                 self._dests.pop(rid, None)
-            self._pending.pop(rid, None)
-            self._release_slot()
+            pending.pop(rid, None)
+            self._inflight -= 1
+            if self._slot_waiters:
+                self._wake_slot_waiter()
 
-    def _expire(self, fut: asyncio.Future[Any], mid: int, rid: int, path: str) -> None:
-        if self._pending.get(rid) is fut:
-            self.cancel(mid, rid)
-            if not fut.done():
-                fut.set_exception(
-                    FsError(Code.TIMEOUT, f"{path}: deadline exceeded", retryable=True)
-                )
+    def expire_deadlines(self, now: float) -> float:
+        """Fail every call past its deadline with TIMEOUT (and CANCEL it on the server)."""
+        nxt = math.inf
+        for rid, (deadline, mid, path) in list(self._deadlines.items()):
+            if deadline > now:
+                nxt = min(nxt, deadline)
+                continue
+            del self._deadlines[rid]
+            fut = self._pending.get(rid)
+            if fut is not None:
+                self.cancel(mid, rid)
+                if not fut.done():
+                    fut.set_exception(
+                        FsError(Code.TIMEOUT, f"{path}: deadline exceeded", retryable=True)
+                    )
+        return nxt
 
     def open_stream(
         self, mid: int, body: bytes | None, timeout: float | None
@@ -520,7 +558,7 @@ class UnaryUnary:
         self._deser = deser
         self._method = path.encode()  # what fs3.rpc.channel names failures by
 
-    async def __call__(
+    def __call__(
         self,
         request: Any,
         *,
@@ -528,20 +566,24 @@ class UnaryUnary:
         payload: Any = None,
         into: Into | None = None,
         **_: Any,
-    ) -> Any:
-        ch = self._channel
-        conn = ch._conn
+    ) -> Awaitable[Any]:
+        # not a coroutine itself: on a live connection the call is that
+        # connection's coroutine (one frame less per call)
+        conn = self._channel._conn
+        body = request.SerializeToString()
         if conn is None or conn.closed:
-            conn = await ch.connection(timeout)
-        body, pl = await conn.unary(
-            self._mid, self._path, request.SerializeToString(), timeout, payload, into
-        )
-        resp = self._deser(body)
-        if into is not None:
-            return resp, wire.payload_len(pl)
-        if pl is not None:
-            return resp, pl
-        return resp
+            return self._connect_and_call(body, timeout, payload, into)
+        return conn.unary(self._mid, self._path, body, timeout, payload, into, self._deser)
+
+    async def _connect_and_call(
+        self,
+        body: bytes,
+        timeout: float | None,  # noqa: ASYNC109
+        payload: Any,
+        into: Into | None,
+    ) -> Any:
+        conn = await self._channel.connection(timeout)
+        return await conn.unary(self._mid, self._path, body, timeout, payload, into, self._deser)
 
 
 class StreamFactory:

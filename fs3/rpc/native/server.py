@@ -31,8 +31,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
+import math
 import socket
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +53,7 @@ from fs3.rpc.native.wire import (
     HALF_CLOSE,
     HAS_MESSAGE,
     MESSAGE,
+    PACK_HEADER,
     REPLY,
     FrameReceiver,
     ProtocolViolation,
@@ -57,6 +61,11 @@ from fs3.rpc.native.wire import (
     log,
 )
 from fs3.rpc.status import DETAIL_KEY, detail_of
+
+# What asyncio's own eager tasks (3.12) use to make a first step run inline see
+# a current task; stable private API of 3.11+.
+_enter_task: Callable[[Any, Any], None] = asyncio.tasks._enter_task
+_leave_task: Callable[[Any, Any], None] = asyncio.tasks._leave_task
 
 
 class Limits:
@@ -163,16 +172,97 @@ def _error_detail(exc: BaseException, method: str) -> bytes:
 _EOF = object()
 
 
-class _Call:
-    __slots__ = ("task", "timer", "timed_out", "queue", "nbytes", "method")
+async def _done(value: Any) -> Any:
+    return value
 
-    def __init__(self, method: Method, nbytes: int) -> None:
+
+@types.coroutine
+def _resume(coro: Any, step: Any, cancel: bool = False) -> Any:
+    """Continue driving ``coro`` (already run up to its first suspension, which
+    yielded ``step``) inside whichever task awaits this: the task receives
+    ``step`` as if it had run that first step itself, then every value, result
+    and exception (cancellation too) passes through unchanged.
+
+    ``cancel``: the first step asked to cancel its task; as ``Task.cancel``
+    does, what it waits on is cancelled and it resumes with CancelledError.
+    """
+    if cancel:
+        if isinstance(step, asyncio.Future):
+            step.cancel()
+        else:
+            step = None  # a bare yield: resumed on the next loop turn, with the error below
+    while True:
+        try:
+            if cancel:
+                cancel = False
+                yield step
+                raise asyncio.CancelledError()
+            sent = yield step
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:
+            try:
+                step = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+        else:
+            try:
+                step = coro.send(sent)
+            except StopIteration as stop:
+                return stop.value
+
+
+class _Call:
+    """One call in flight.
+
+    While a unary handler runs its first step inline (see
+    :meth:`ServerConnection._start_call`) there is no task yet: the call stands
+    in as :func:`asyncio.current_task` (what ``asyncio.timeout`` and
+    ``TaskGroup`` use) and forwards ``cancel``/``uncancel`` to the task that
+    takes the handler over if it suspends.
+    """
+
+    __slots__ = (
+        "task",
+        "deadline",
+        "timed_out",
+        "peer_cancelled",
+        "queue",
+        "nbytes",
+        "method",
+        "_cancels",
+    )
+
+    def __init__(self, method: Method, nbytes: int, deadline: float | None) -> None:
         self.method = method
         self.task: asyncio.Task[None] | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.deadline = deadline  # loop time; the connection's sweep enforces it
         self.timed_out = False
+        self.peer_cancelled = False
         self.queue: asyncio.Queue[Any] | None = None
         self.nbytes = nbytes
+        self._cancels = 0  # cancel() requests made before the task existed
+
+    # -- the asyncio.Task surface used on asyncio.current_task() ---------------------
+
+    def cancel(self, msg: Any = None) -> bool:
+        if self.task is not None:
+            return self.task.cancel(msg)
+        self._cancels += 1
+        return True
+
+    def cancelling(self) -> int:
+        return self.task.cancelling() if self.task is not None else self._cancels
+
+    def uncancel(self) -> int:
+        if self.task is not None:
+            return self.task.uncancel()
+        self._cancels = max(0, self._cancels - 1)
+        return self._cancels
+
+    def done(self) -> bool:
+        return self.task.done() if self.task is not None else False
 
 
 class _RequestStream:
@@ -206,7 +296,7 @@ class ServerConnection(FrameReceiver):
         self.max_body = lim.max_message_bytes
         self.max_payload = lim.max_payload_bytes
         self._lim = lim
-        self._loop = asyncio.get_running_loop()
+        self._handlers = server.handlers
         self._transport: asyncio.Transport | None = None
         self._calls: dict[int, _Call] = {}
         self._inflight_bytes = 0
@@ -227,6 +317,7 @@ class ServerConnection(FrameReceiver):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        wire.size_unix_send_buffer(sock, self._lim.write_buffer_bytes)
         transport.set_write_buffer_limits(high=self._lim.write_buffer_bytes)
         self.server._connections.add(self)
 
@@ -236,11 +327,10 @@ class ServerConnection(FrameReceiver):
         self.server._connections.discard(self)
         if self._stall is not None:
             self._stall.cancel()
+        self.stop_deadlines()
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
         for call in list(self._calls.values()):
-            if call.timer is not None:
-                call.timer.cancel()
             if call.task is not None:
                 call.task.cancel()
         self._calls.clear()
@@ -347,6 +437,7 @@ class ServerConnection(FrameReceiver):
         elif kind == CANCEL:
             call = self._calls.get(request_id)
             if call is not None and call.task is not None:
+                call.peer_cancelled = True
                 call.task.cancel()
         else:
             raise ProtocolViolation(f"a client sent a {wire.KIND_NAMES[kind]} frame")
@@ -368,7 +459,7 @@ class ServerConnection(FrameReceiver):
         body: bytes | memoryview,
         payload: wire.Payload | None,
     ) -> None:
-        entry = self.server.handlers.get(mid)
+        entry = self._handlers.get(mid)
         if entry is None:
             known = BY_ID.get(mid)
             what = f"{known.path} (not served here)" if known else f"unknown method id {mid:#010x}"
@@ -385,52 +476,121 @@ class ServerConnection(FrameReceiver):
         request = self._decode(method, body) if flags & HAS_MESSAGE else None
         if request is None and not method.client_streaming:
             raise ProtocolViolation(f"CALL of {method.path} without its request message")
-        size = len(body) + wire.payload_len(payload)
-        call = _Call(method, size)
-        self._calls[rid] = call
-        self._acquire(size)
-        deadline = None
-        if timeout_ms:
-            deadline = self._loop.time() + timeout_ms / 1000.0
-            call.timer = self._loop.call_at(deadline, self._expire, rid)
+        size = len(body) if payload is None else len(body) + wire.payload_len(payload)
+        deadline = self._loop.time() + timeout_ms / 1000.0 if timeout_ms else None
+        call = _Call(method, size, deadline)
         ctx = NativeContext(payload, deadline, self.peer)
+        if not method.client_streaming and not method.server_streaming:
+            self._start_unary(rid, call, handler(request, ctx), ctx)
+            return
+        self._register(rid, call)
         if method.client_streaming:
             call.queue = asyncio.Queue()
             if request is not None:
                 call.queue.put_nowait((request, 0))
             coro: Any = self._run_stream(rid, call, handler(_RequestStream(self, rid, call), ctx))
-        elif method.server_streaming:
-            coro = self._run_stream(rid, call, handler(request, ctx))
         else:
-            coro = self._run_unary(rid, call, handler, request, ctx)
+            coro = self._run_stream(rid, call, handler(request, ctx))
         call.task = self._loop.create_task(coro)
 
-    def _expire(self, rid: int) -> None:
-        call = self._calls.get(rid)
-        if call is not None and call.task is not None:
-            call.timed_out = True
-            call.task.cancel()
+    def _register(self, rid: int, call: _Call) -> None:
+        """A call that outlives its frame callback: it counts against the limits
+        (flow control), CANCEL frames and the deadline sweep find it."""
+        calls = self._calls
+        calls[rid] = call
+        self._inflight_bytes += call.nbytes
+        lim = self._lim
+        if len(calls) >= lim.max_inflight_calls or self._inflight_bytes >= lim.max_inflight_bytes:
+            self._update_reading()
+        d = call.deadline
+        if d is not None and d < self._sweep_at:
+            self.arm_deadline(d)
 
-    async def _run_unary(
-        self, rid: int, call: _Call, handler: Callable[..., Any], request: Any, ctx: NativeContext
-    ) -> None:
+    def _start_unary(self, rid: int, call: _Call, hc: Any, ctx: NativeContext) -> None:
+        """Run the handler's first step inline; answer at once if that finishes it.
+
+        Most handlers (point reads, cached answers) finish without suspending:
+        they are answered from the frame callback, without a task and a loop
+        turn (what Python 3.12's eager tasks do), and never count as in flight.
+        A handler that suspends is registered and continued by a task: the
+        step it stopped at is handed over, nothing runs twice. The first step
+        runs in the context the task then keeps, as a task's would.
+        """
+        method = call.method
+        loop = self._loop
+        cv = contextvars.copy_context()
+        try:
+            _enter_task(loop, call)
+        except RuntimeError:  # called from inside a task (not from the protocol callback)
+            self._register(rid, call)
+            call.task = loop.create_task(self._run_unary(rid, call, hc, ctx), context=cv)
+            return
+        try:
+            step = cv.run(hc.send, None)
+        except StopIteration as stop:
+            if self._write_paused:
+                self._register(rid, call)
+                coro = self._run_unary(rid, call, _done(stop.value), ctx)
+                call.task = loop.create_task(coro, context=cv)
+                return
+            try:
+                self._reply(rid, method, stop.value, ctx)
+            except Exception as exc:
+                self._send(ERROR, method.id, rid, _error_detail(exc, method.path))
+            return
+        except Exception as exc:
+            self._send(ERROR, method.id, rid, _error_detail(exc, method.path))
+            return
+        finally:
+            _leave_task(loop, call)
+        self._register(rid, call)
+        cancel = call._cancels > 0  # the first step cancelled its own (stand-in) task
+        coro = self._run_unary(rid, call, _resume(hc, step, cancel), ctx)
+        call.task = loop.create_task(coro, context=cv)
+
+    def _reply(self, rid: int, method: Method, resp: Any, ctx: NativeContext) -> None:
+        body = resp.SerializeToString()
+        if len(body) > self.max_body:
+            # the client would drop the connection (and every call on it) for this frame
+            raise FsError(
+                Code.INVALID_ARGUMENT,
+                f"{method.path}: answer of {len(body)} bytes exceeds {self.max_body}",
+            )
+        pl = ctx.reply_payload
+        if pl is not None:
+            self._check_reply_payload(method, pl)
+            self._send(REPLY, method.id, rid, body, pl)
+            return
+        t = self._transport
+        if t is not None and not self._closed:
+            self.write_one(
+                t, PACK_HEADER(REPLY, HAS_MESSAGE, 0, method.id, rid, 0, len(body), 0) + body
+            )
+
+    def expire_deadlines(self, now: float) -> float:
+        """Cancel every call past its deadline (its handler answers TIMEOUT)."""
+        nxt = math.inf
+        for call in list(self._calls.values()):
+            d = call.deadline
+            if d is None or call.timed_out:
+                continue
+            if d <= now:
+                if call.task is not None:
+                    call.timed_out = True
+                    call.task.cancel()
+            elif d < nxt:
+                nxt = d
+        return nxt
+
+    async def _run_unary(self, rid: int, call: _Call, coro: Any, ctx: NativeContext) -> None:
         method = call.method
         try:
-            resp = await handler(request, ctx)
-            body = resp.SerializeToString()
-            if len(body) > self.max_body:
-                # the client would drop the connection (and every call on it) for this frame
-                raise FsError(
-                    Code.INVALID_ARGUMENT,
-                    f"{method.path}: answer of {len(body)} bytes exceeds {self.max_body}",
-                )
-            self._check_reply_payload(method, ctx.reply_payload)
+            resp = await coro
             if self._write_paused:
                 await self._writable()
-            self._send(REPLY, method.id, rid, body, ctx.reply_payload)
+            self._reply(rid, method, resp, ctx)
         except asyncio.CancelledError:
-            if call.timed_out:
-                self._send_timeout(rid, method)
+            self._send_cancelled(rid, call)
         except Exception as exc:
             self._send(ERROR, method.id, rid, _error_detail(exc, method.path))
         finally:
@@ -461,8 +621,7 @@ class ServerConnection(FrameReceiver):
                 self._send(MESSAGE, method.id, rid, item.SerializeToString())
             self._send(END, method.id, rid, b"")
         except asyncio.CancelledError:
-            if call.timed_out:
-                self._send_timeout(rid, method)
+            self._send_cancelled(rid, call)
         except Exception as exc:
             self._send(ERROR, method.id, rid, _error_detail(exc, method.path))
         finally:
@@ -470,21 +629,28 @@ class ServerConnection(FrameReceiver):
                 await agen.aclose()
             self._end_call(rid, call)
 
-    def _send_timeout(self, rid: int, method: Method) -> None:
-        err = FsError(Code.TIMEOUT, f"{method.path}: deadline exceeded", retryable=True)
-        self._send(ERROR, method.id, rid, detail_of(err))
+    def _send_cancelled(self, rid: int, call: _Call) -> None:
+        """A cancelled handler: the caller learns why, unless it cancelled the call itself."""
+        if call.peer_cancelled:
+            return
+        path = call.method.path
+        if call.timed_out:
+            err = FsError(Code.TIMEOUT, f"{path}: deadline exceeded", retryable=True)
+        else:
+            err = FsError(Code.CANCELLED, f"{path}: cancelled on the server", retryable=True)
+        self._send(ERROR, call.method.id, rid, detail_of(err))
 
     def _end_call(self, rid: int, call: _Call) -> None:
         if self._calls.get(rid) is call:
             del self._calls[rid]
-        if call.timer is not None:
-            call.timer.cancel()
         if call.queue is not None:
             # stream messages nobody consumed
             while not call.queue.empty():
                 _item, size = call.queue.get_nowait()
                 call.nbytes += size
-        self._release(call.nbytes)
+        self._inflight_bytes -= call.nbytes
+        if self._reading_paused:
+            self._update_reading()
 
     async def _writable(self) -> None:
         while self._write_paused and not self._closed and self._drained is not None:

@@ -33,7 +33,10 @@ so the subclass can lay the payload out from the message it describes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
+import socket
 import struct
 from typing import Any
 
@@ -44,6 +47,7 @@ HTTP2_PREFACE_START = b"PRI * HT"  # what a gRPC (HTTP/2) client sends first
 
 HEADER = struct.Struct("<BBHIQIII")
 HEADER_SIZE = HEADER.size
+PACK_HEADER = HEADER.pack
 
 CALL = 1  # client -> server: start a call (unary and server-streaming: with the request)
 MESSAGE = 2  # a stream message, either direction
@@ -67,6 +71,7 @@ KIND_NAMES = {
 HAS_MESSAGE = 0x01
 
 RECV_BUFFER_BYTES = 256 * 1024
+CORK_BYTES = 64 * 1024  # gathered frames of one loop turn go out at least this often
 
 
 # a frame's payload: one buffer, or several filled in order (scatter)
@@ -115,6 +120,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
     expect_preface: bool = False
 
     def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._buf = bytearray(RECV_BUFFER_BYTES)
         self._view = memoryview(self._buf)
         self._start = 0
@@ -132,7 +138,11 @@ class FrameReceiver(asyncio.BufferedProtocol):
         # already buffered wait too, until it calls resume_parsing()
         self._parse_paused = False
         self._corked: list[Any] | None = None
+        self._corked_bytes = 0
         self._cork_transport: Any = None
+        # one timer per connection enforces the deadlines of all its calls
+        self._sweep: asyncio.TimerHandle | None = None
+        self._sweep_at = math.inf  # when it fires (inf: not armed)
 
     # -- sending ---------------------------------------------------------------
 
@@ -143,23 +153,84 @@ class FrameReceiver(asyncio.BufferedProtocol):
         lone call); frames sent later in the same turn are gathered and written
         with one ``writelines`` at its end: with many calls in flight that is
         one send syscall for a burst of answers instead of one per answer.
+        Every :data:`CORK_BYTES` gathered go to the transport at once, so its
+        write buffer limit (``pause_writing``, the sender's backpressure)
+        still holds within a turn that answers many calls.
         """
         if self._corked is None:
             if len(bufs) == 1:
                 transport.write(bufs[0])
             else:
                 transport.writelines(bufs)
-            self._corked = []
-            self._cork_transport = transport
-            asyncio.get_running_loop().call_soon(self._uncork)
-        else:
-            self._corked.extend(bufs)
+            self._start_cork(transport)
+            return
+        self._corked.extend(bufs)
+        self._corked_bytes += sum(len(b) for b in bufs)
+        if self._corked_bytes >= CORK_BYTES:
+            self._flush_cork()
 
-    def _uncork(self) -> None:
-        out, self._corked = self._corked, None
-        t, self._cork_transport = self._cork_transport, None
+    def write_one(self, transport: Any, data: bytes) -> None:
+        """:meth:`write_frame` of a frame that is one bytes object (no payload)."""
+        corked = self._corked
+        if corked is None:
+            transport.write(data)
+            self._start_cork(transport)
+            return
+        corked.append(data)
+        self._corked_bytes += len(data)
+        if self._corked_bytes >= CORK_BYTES:
+            self._flush_cork()
+
+    def _start_cork(self, transport: Any) -> None:
+        self._corked = []
+        self._corked_bytes = 0
+        self._cork_transport = transport
+        self._loop.call_soon(self._uncork)
+
+    def _flush_cork(self) -> None:
+        out, self._corked = self._corked, []
+        self._corked_bytes = 0
+        t = self._cork_transport
         if out and t is not None and not t.is_closing():
             t.writelines(out)
+
+    def _uncork(self) -> None:
+        self._flush_cork()
+        self._corked = None
+        self._cork_transport = None
+
+    # -- deadlines -----------------------------------------------------------------
+
+    def arm_deadline(self, when: float) -> None:
+        """Have :meth:`expire_deadlines` run at loop time ``when``.
+
+        A call with a deadline checks ``deadline < self._sweep_at`` and only
+        then arms: calls with the same timeout come with later deadlines, so a
+        busy connection arms about once per timeout period, not once per call.
+        """
+        if self._sweep is not None:
+            self._sweep.cancel()
+        self._sweep_at = when
+        self._sweep = self._loop.call_at(when, self._run_sweep)
+
+    def stop_deadlines(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        self._sweep_at = math.inf
+
+    def _run_sweep(self) -> None:
+        self._sweep = None
+        self._sweep_at = math.inf
+        if self._broken:
+            return
+        nxt = self.expire_deadlines(self._loop.time())
+        if nxt < math.inf:
+            self.arm_deadline(nxt)
+
+    def expire_deadlines(self, now: float) -> float:
+        """End the calls whose deadline is ``<= now``; return the next deadline (inf: none)."""
+        return math.inf
 
     # -- what subclasses provide --------------------------------------------------
 
@@ -201,7 +272,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
         if self._end == len(self._buf):
             # only the head of one partial frame can be left: move it to the front
             n = self._end - self._start
-            self._buf[:n] = self._buf[self._start : self._end]
+            self._buf[:n] = self._buf[self._start : self._end]  # (a copy: the ranges may overlap)
             self._start, self._end = 0, n
         return self._view[self._end :]
 
@@ -272,7 +343,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
                 # a body larger than the receive buffer: its own buffer of the checked size
                 body = bytearray(blen)
                 have = end - start - HEADER_SIZE
-                body[:have] = buf[start + HEADER_SIZE : end]
+                body[:have] = self._view[start + HEADER_SIZE : end]
                 self._start = self._end = 0
                 self._held = head
                 self._direct = memoryview(body)
@@ -280,7 +351,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
                 self._held_body = b""
                 self._held_payload = None
                 return
-            body_bytes = bytes(buf[start + HEADER_SIZE : body_end])
+            body_bytes = self._view[start + HEADER_SIZE : body_end].tobytes()
             self._start = body_end
             if plen:
                 self._begin_payload(head, body_bytes)
@@ -304,7 +375,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
         while views and avail:
             v = views[0]
             n = min(len(v), avail)
-            v[:n] = self._buf[self._start : self._start + n]
+            v[:n] = self._view[self._start : self._start + n]  # no intermediate copy
             self._start += n
             avail -= n
             if n < len(v):
@@ -343,6 +414,21 @@ class FrameReceiver(asyncio.BufferedProtocol):
         self._held_payload = None
         self._held_body = b""
         self.frame_received(kind, flags, mid, rid, tmo, body, payload)
+
+
+def size_unix_send_buffer(sock: Any, nbytes: int) -> None:
+    """Let a Unix socket hold ``nbytes`` unread (the kernel caps it at ``net.core.wmem_max``).
+
+    Why: a Unix stream socket's sender may queue only its ``SO_SNDBUF``
+    (``net.core.wmem_default``, 208 KiB) and, unlike loopback TCP, it never
+    grows; a 1 MiB payload then crosses in five wake-ups of each event loop
+    instead of one. TCP sockets keep the kernel's autotuning.
+    """
+    if sock is None or sock.family != socket.AF_UNIX:
+        return
+    with contextlib.suppress(OSError):
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) < nbytes:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, nbytes)
 
 
 def describe_peer(transport: Any) -> str:

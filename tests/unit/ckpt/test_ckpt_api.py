@@ -392,3 +392,113 @@ def test_bad_arguments() -> None:
     assert not os.path.exists("/nonexistent-never")
     with pytest.raises(FileNotFoundError):
         ckpt.latest("/nonexistent-never")
+
+
+# --------------------------------------------------------------------------- the fast paths
+
+
+def test_snapshot_freezes_non_tensor_values_for_the_writer(tmp_path: Path) -> None:
+    """The writer pickles the skeleton after the caller resumed: later changes must not reach it."""
+    c = ckpt.Checkpointer(str(tmp_path))
+    go = threading.Event()
+
+    def hold(name: str, step: int) -> None:
+        if name == "data":
+            assert go.wait(30)
+
+    c._phase_hook = hold
+    sd = {"w": torch.ones(8), "tags": {"a"}, "hist": bytearray(b"12")}
+    h = c.save(sd, step=0)
+    sd["tags"].add("b")  # a set and a bytearray are leaves: copied at the snapshot
+    sd["hist"][0] = ord("9")
+    go.set()
+    h.wait()
+    out = c.load(0)
+    assert out["tags"] == {"a"} and out["hist"] == bytearray(b"12")
+    c.close()
+
+
+def test_unpicklable_value_fails_in_wait_not_in_the_stall(tmp_path: Path) -> None:
+    c = ckpt.Checkpointer(str(tmp_path))
+    h = c.save({"w": torch.ones(4), "f": lambda: 1}, step=0)  # returns: pickling is the writer's
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        h.wait()
+    assert ckpt.latest(str(tmp_path)) is None
+    c.close()
+
+
+def test_snapshot_buffer_and_views_are_reused(tmp_path: Path) -> None:
+    c = ckpt.Checkpointer(str(tmp_path))
+    sd = _state(1)
+    c.save(sd, step=0).wait()
+    snap = c._snap
+    assert snap is not None
+    dsts = list(snap.dsts)
+    sd["model"]["w"] += 1
+    c.save(sd, step=1).wait()
+    assert c._snap is snap and all(a is b for a, b in zip(snap.dsts, dsts, strict=True))
+    _same(sd, c.load(1))
+    sd["model"]["w"] = torch.zeros(3)  # another layout: another buffer
+    c.save(sd, step=2).wait()
+    assert c._snap is not snap
+    _same(sd, c.load(2))
+    c.close()
+
+
+def test_arrivals_report_each_range_once_when_complete() -> None:
+    from fs3.ckpt.datafile import _Arrivals
+
+    ranges = [(0, 10), (10, 10), (12, 4096), (4096, 5000), (8192, 8193)]  # one is empty
+    covered = np.zeros(9000, dtype=bool)
+    done: list[int] = []
+
+    def ready(j: int) -> None:
+        a, b = ranges[j]
+        assert covered[a:b].all()  # reported only once every byte is there
+        done.append(j)
+
+    arr = _Arrivals(ranges, ready)
+    pieces = [(a, min(a + 1000, 9000) - a) for a in range(0, 9000, 1000)]
+    for i in np.random.default_rng(3).permutation(len(pieces)):
+        a, n = pieces[i]
+        covered[a : a + n] = True
+        arr.piece(a, n)
+    assert sorted(done) == [0, 2, 3, 4] and len(done) == len(set(done))
+
+
+def test_read_verified_checks_as_pieces_arrive_and_names_the_bad_entry(tmp_path: Path) -> None:
+    from fs3.ckpt.datafile import read_verified
+    from fs3.ckpt.store import IO_BYTES, Segment
+
+    s = PosixStore(str(tmp_path))
+    items = [
+        (f"t{i}", np.full(n, i, dtype=np.uint8)) for i, n in enumerate((5, 3 * IO_BYTES, 70000))
+    ]
+    entries = write_items(s, "f.data", items)
+    size = entries[-1].offset + entries[-1].length
+    big = bytearray(size)
+    mv = memoryview(big)
+    seen: list[tuple[int, int]] = []
+    orig = s.read_segments
+
+    def spy(rel: str, segs: Any, **kw: Any) -> None:
+        inner = kw["on_piece"]
+
+        def on_piece(off: int, n: int) -> None:
+            seen.append((off, n))
+            inner(off, n)
+
+        orig(rel, segs, **{**kw, "on_piece": on_piece})
+
+    s.read_segments = spy  # type: ignore[method-assign]
+    views = [mv[e.offset : e.offset + e.length] for e in entries]
+    read_verified(s, "f.data", [Segment(0, mv)], entries, views)
+    assert sum(n for _, n in seen) == size and len(seen) > 3  # many I/Os, each reported
+    for (_, arr), v in zip(items, views, strict=True):
+        assert bytes(v) == arr.tobytes()
+    raw = bytearray((tmp_path / "f.data").read_bytes())
+    raw[entries[1].offset + 2 * IO_BYTES + 7] ^= 1  # inside the middle entry's third MiB
+    (tmp_path / "f.data").write_bytes(raw)
+    with pytest.raises(CorruptCheckpoint, match="'t1'"):
+        read_verified(s, "f.data", [Segment(0, mv)], entries, views)
+    s.close()

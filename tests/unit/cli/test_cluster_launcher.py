@@ -79,7 +79,8 @@ def test_layout_names_node_ids_ports_and_configs(tmp_path: Path) -> None:
         str(tmp_path / "data" / "storage-2" / "t2"),
     ]
     assert all(Path(t).is_dir() for t in s2.storage.targets)
-    assert s2.transport.kind == "tcp" and s2.transport.tcp_port == st.proc("storage-2").ports[2]
+    assert s2.transport.kind == "tcp" and s2.transport.tcp_port == 0, "no data port: native RPC"
+    assert all(len(p.ports) == 2 for p in st.processes), "RPC and metrics ports only"
     m1 = config.load(config.MgmtdConfig, tmp_path / "conf" / "mgmtd-1.toml", env={})
     assert m1.kv.url == f"sqlite://{tmp_path / 'kv' / 'kv.db'}" and m1.cluster.id == "local-test"
     assert m1.mgmtd.heartbeat_timeout_s == 5.0, "local clusters detect failures in seconds"
@@ -195,7 +196,7 @@ def test_picked_ports_are_outside_the_kernels_ephemeral_range(tmp_path: Path) ->
     lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     st, _ = LocalCluster(tmp_path, out=lambda s: None)._layout(ClusterSpec(), "local-test")
     ports = [port for p in st.processes for port in p.ports]
-    assert len(set(ports)) == len(ports) == 2 * 4 + 3 * 3
+    assert len(set(ports)) == len(ports) == 2 * 7
     outside = [p for p in ports if not lo <= p <= hi]
     assert outside == ports, f"ports in the ephemeral range {lo}-{hi}: {set(ports) - set(outside)}"
     assert all(launcher.port_is_free(p) for p in ports), "released after picking"

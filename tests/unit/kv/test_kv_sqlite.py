@@ -1,11 +1,16 @@
 """SQLite engine specifics the contract suite cannot see: pragmas, lock timeouts,
-the commit-log horizon, connection handling, and bad configuration."""
+the commit-log horizon, connection handling, bad configuration and group commit."""
 
 from __future__ import annotations
 
 import gc
 import os
+import signal
 import sqlite3
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 
@@ -184,3 +189,194 @@ def test_committed_data_survives_a_power_cut_in_a_new_directory() -> None:
         db.close()
         with SqliteDatabase(path) as again:
             assert again.run(lambda tr: tr.get(b"k")) == b"acknowledged"
+
+
+# -- group commit ---------------------------------------------------------------------
+
+
+class _HeldCommits:
+    """Make the engine look busy committing, so committers queue up as one batch.
+
+    While held, every ``commit()`` waits in the group-commit queue exactly as it
+    would behind a leader in the middle of an fsync; :meth:`release` lets them go.
+    """
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self.db = db
+        with db._commit_cv:
+            assert not db._leading
+            db._leading = True
+
+    def wait_queued(self, n: int, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        with self.db._commit_cv:
+            while len(self.db._queue) < n:
+                assert time.monotonic() < deadline, f"only {len(self.db._queue)} of {n} queued"
+                self.db._commit_cv.wait(0.01)
+
+    def release(self) -> None:
+        with self.db._commit_cv:
+            self.db._leading = False
+            self.db._commit_cv.notify_all()
+
+
+def _commit_in_thread(tr, results: dict, name: str) -> threading.Thread:
+    def go() -> None:
+        try:
+            tr.commit()
+            results[name] = "ok"
+        except FsError as e:
+            results[name] = e
+
+    t = threading.Thread(target=go)
+    t.start()
+    return t
+
+
+@pytest.mark.timeout(30)
+def test_queued_transactions_share_one_durable_commit(path: str) -> None:
+    with SqliteDatabase(path) as db:
+        held = _HeldCommits(db)
+        results: dict = {}
+        threads = []
+        for i in range(6):
+            tr = db.create_transaction()
+            tr.get(b"k%d" % i)  # a read: each is validated, not just blindly applied
+            tr.set(b"k%d" % i, b"v%d" % i)
+            threads.append(_commit_in_thread(tr, results, str(i)))
+        held.wait_queued(6)
+        assert not results  # nobody is acknowledged before its batch committed
+        held.release()
+        for t in threads:
+            t.join(10)
+        assert results == {str(i): "ok" for i in range(6)}
+        assert (db.commits, db.batches) == (6, 1)
+        for i in range(6):
+            assert db.run(lambda tr, i=i: tr.get(b"k%d" % i)) == b"v%d" % i
+        # each got its own version: the commit log has six of them
+        conn = sqlite3.connect(path)
+        try:
+            assert conn.execute("SELECT count(DISTINCT version) FROM kv_log").fetchone()[0] == 6
+        finally:
+            conn.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_conflicting_transaction_aborts_alone_inside_its_batch(path: str) -> None:
+    with SqliteDatabase(path) as db:
+        db.run(lambda tr: tr.set(b"n", b"0"))
+        held = _HeldCommits(db)
+        results: dict = {}
+        threads = []
+        for name in ("a", "b"):  # both read n at the same version, both write it
+            tr = db.create_transaction()
+            n = int(tr.get(b"n") or b"0")
+            tr.set(b"n", b"%d" % (n + 1))
+            threads.append(_commit_in_thread(tr, results, name))
+        other = db.create_transaction()
+        other.get(b"other")
+        other.set(b"other", b"x")
+        threads.append(_commit_in_thread(other, results, "other"))
+        held.wait_queued(3)
+        held.release()
+        for t in threads:
+            t.join(10)
+        assert results["other"] == "ok"
+        outcomes = sorted(str(results[n]) if results[n] != "ok" else "ok" for n in ("a", "b"))
+        assert outcomes[1] == "ok" and "KV_CONFLICT" in outcomes[0], results
+        conflict = next(results[n] for n in ("a", "b") if results[n] != "ok")
+        assert conflict.retryable
+        assert (db.commits, db.batches) == (1 + 2, 1 + 1)  # the setup commit, then one batch
+        assert db.run(lambda tr: tr.get(b"n")) == b"1"  # one increment, not two, not zero
+        assert db.run(lambda tr: tr.get(b"other")) == b"x"
+
+
+@pytest.mark.timeout(60)
+def test_many_threads_committing_take_fewer_fsyncs_than_commits(path: str) -> None:
+    with SqliteDatabase(path) as db:
+        key = b"counter"
+
+        def inc(tr) -> None:
+            tr.set(key, b"%d" % (int(tr.get(key) or b"0") + 1))
+
+        def put(i: int) -> None:
+            for j in range(40):
+                db.run(lambda tr, j=j: tr.set(b"p%d-%d" % (i, j), b"x"))
+                db.run(inc)
+
+        threads = [threading.Thread(target=put, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(50)
+        assert db.run(lambda tr: tr.get(key)) == b"320"  # conflicts retried, none lost
+        assert len(db.run(lambda tr: tr.get_range(b"p", b"q"))) == 320
+        assert db.commits == 640
+        assert db.batches < db.commits
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.fuse
+@pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
+def test_group_committed_data_survives_kill_9_and_a_power_cut() -> None:
+    """Six threads of a child commit at once (group commit); SIGKILL, then the power goes:
+    every transaction the child acknowledged is on disk."""
+    with lossy_dir("fs3-kv-lossy-") as m:
+        path = str(m.mountpoint / "kv.db")
+        SqliteDatabase(path).close()  # the schema exists before the child starts
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "fs3.testing.kv",
+                "commit-concurrent",
+                f"sqlite://{path}",
+                b"w".hex(),
+                "6",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert child.stdout is not None
+            acked, stats = _read_acks(child, 300, 60)
+            assert len(acked) >= 300, (child.poll(), child.stderr.read() if child.stderr else "")
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait(timeout=10)
+            acked.extend(x for x in child.stdout.read().split("\n") if x and x[0] != "#")
+            m.crash()  # everything the child did not fsync is gone
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(timeout=10)
+            for f in (child.stdout, child.stderr):
+                if f:
+                    f.close()
+        commits, batches = stats[-1]
+        assert batches < commits, stats  # the commits really were grouped
+        with SqliteDatabase(path) as again:
+            stored = dict(again.run(lambda tr: tr.get_range(b"w", b"x")))
+        missing = [k for k in acked if stored.get(b"w" + k.encode()) != k.encode()]
+        assert not missing, missing[:10]
+
+
+def _read_acks(
+    child: subprocess.Popen[str], n: int, timeout_s: float
+) -> tuple[list[str], list[tuple[int, int]]]:
+    """Acknowledged names and (commits, batches) reports from a commit-concurrent child."""
+    assert child.stdout is not None
+    acked: list[str] = []
+    stats: list[tuple[int, int]] = []
+    deadline = time.monotonic() + timeout_s
+    while (len(acked) < n or not stats) and time.monotonic() < deadline:
+        line = child.stdout.readline()
+        if not line:
+            break
+        line = line.strip()
+        if line.startswith("#"):
+            f = dict(part.split("=") for part in line[1:].split())
+            stats.append((int(f["commits"]), int(f["batches"])))
+        elif line:
+            acked.append(line)
+    return acked, stats

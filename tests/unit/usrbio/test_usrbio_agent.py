@@ -492,7 +492,7 @@ class ShmTransportBackend(LocalFileBackend):
         )
         self.node = f"127.0.0.1:{bind(self.server, '127.0.0.1', 0)}"
         await self.server.start()
-        await self.st.start("127.0.0.1")
+        await self.st.start("127.0.0.1", address=self.node)  # + its region socket
         self.ct = client_transport("shm", "usrbio-agent")
 
     async def teardown(self) -> None:
