@@ -228,6 +228,11 @@ class RpcSection:
     max_payload_bytes: int = 64 << 20  # largest bulk payload accepted in a frame
     write_buffer_bytes: int = 4 << 20  # unsent bytes per connection before senders wait
     stall_timeout_s: float = 30.0  # a peer that reads nothing this long is disconnected
+    secret_file: str = ""  # cluster secret (services): authenticate calls and peers ("": off)
+    token_file: str = ""  # a client's credential (FUSE: its mount token); "": see fs3.rpc.auth
+    tls_ca: str = ""  # CA certificate (PEM): clients verify servers with it ("": plaintext)
+    tls_cert: str = ""  # servers: certificate (PEM) for TCP listeners ("": plaintext)
+    tls_key: str = ""  # servers: its private key (PEM)
 
     def validate(self) -> None:
         _check(self.transport in {"native", "grpc"}, "transport must be native or grpc")
@@ -240,6 +245,7 @@ class RpcSection:
         _check(self.stall_timeout_s > 0, "stall_timeout_s must be > 0")
         _check(-1 <= self.grpc_port <= 65535, "grpc_port must be -1..65535")
         _check(len(self.socket_dir) < 64, "socket_dir must be shorter than 64 characters")
+        _check(bool(self.tls_cert) == bool(self.tls_key), "tls_cert and tls_key go together")
 
 
 @dataclass
@@ -299,9 +305,9 @@ class FuseSection:
 
 @dataclass
 class SecuritySection:
-    """Where the cluster secret is and how long chunk capabilities live (fs3/security)."""
+    """How long chunk capabilities live (fs3/security/capability.py); their key derives from
+    the cluster secret named by ``[rpc] secret_file``."""
 
-    secret_file: str = ""  # the cluster secret (0600); empty: fs3.secret beside the cluster file
     capability_ttl_s: float = 120.0  # meta: life of a chunk capability (clients renew at half)
 
     def validate(self) -> None:

@@ -3,6 +3,8 @@
     fs3 admin --cluster FILE [--json] nodes | targets | chains | chain-tables | status
     fs3 admin --cluster FILE create-chain-table --table-id N --replicas K [--nodes 10001,10002] [--desc D]
     fs3 admin --cluster FILE target-offline TARGET_ID | target-online TARGET_ID
+    fs3 admin --cluster FILE user add NAME --uid U --gid G [--groups 1,2] [--admin] | list
+                                 | token NAME [--rotate] | remove NAME   (fs3/cli/users.py)
     fs3 admin fsck --kv URL [--json]
 
 Tables by default, ``--json`` for scripts. The cluster file comes from
@@ -26,6 +28,7 @@ from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
+from fs3.cli import users
 from fs3.client.mgmtd_client import MgmtdClient
 from fs3.errors import FsError
 from fs3.proto import mgmtd_pb2
@@ -171,6 +174,8 @@ def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
 
 async def _dispatch(client: MgmtdClient, args: argparse.Namespace) -> int:
     cmd = args.command
+    if cmd == "user":
+        return await users.dispatch(client, args)
     if cmd == "nodes":
         rows = nodes_view(await _routing(client))
         _emit(
@@ -377,6 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("target-offline", "target-online"):
         t = sub.add_parser(name, help=f"mark a target {name.split('-')[1]}", parents=[common])
         t.add_argument("target_id", type=int)
+    users.add_parser(sub, common)
     f = sub.add_parser(
         "fsck",
         help="check the namespace invariants in the meta KV (read-only; exit 1 if broken)",

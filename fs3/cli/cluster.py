@@ -54,6 +54,7 @@ from fs3 import config as fs3config
 from fs3.durable import makedirs_durably, write_durably
 from fs3.errors import Code, FsError
 from fs3.mounts import mount_fstype, mount_state
+from fs3.security import provision
 
 DEFAULT_DIR = "/var/lib/fs3-local"
 FUSE_DEVICE = "/dev/fuse"
@@ -147,6 +148,7 @@ class ClusterSpec:
     rpc: str = "native"  # [rpc] transport of every process: native | grpc
     fdb_cluster_file: str = "/etc/foundationdb/fdb.cluster"
     base_port: int = 0  # 0: free ports outside the kernel's ephemeral range
+    tls: bool = False  # TLS on every TCP connection (fs3/security/provision.py)
     # role -> section -> key -> value, applied after the local defaults
     overrides: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
@@ -952,7 +954,10 @@ class LocalCluster:
                 "cluster": {"id": st.cluster_id, "cluster_file": st.cluster_file},
                 "log": {"file": ""},
                 "metrics": {"port": rec.ports[1]},
-                "rpc": {"transport": spec.rpc},
+                "rpc": {
+                    "transport": spec.rpc,
+                    **provision.service_settings(p.root, rec.name, tls=spec.tls),
+                },
             }
             if rec.role in ("mgmtd", "meta"):
                 settings["kv"] = {"url": kv_url}
@@ -981,7 +986,10 @@ class LocalCluster:
             {
                 "cluster": {"id": st.cluster_id, "cluster_file": st.cluster_file},
                 "transport": {"kind": st.spec.transport},
-                "rpc": {"transport": st.spec.rpc},
+                "rpc": {
+                    "transport": st.spec.rpc,
+                    **provision.mount_settings(self.paths.root, tls=st.spec.tls),
+                },
                 "log": {"file": ""},
             },
             st.spec.overrides.get("fuse", {}),
@@ -1173,6 +1181,7 @@ class LocalCluster:
                 self._say(
                     f"new cluster {st.cluster_id} in {self.paths.root} (configs in {self.paths.conf})"
                 )
+            provision.use_local_credential(st.cluster_file)
             try:
                 self._bring_up(st, mount, timeout_s)
             except BaseException as e:
@@ -1360,6 +1369,7 @@ class LocalCluster:
             raise LauncherError(
                 f"no cluster in {self.paths.root} (start one with `fs3 cluster up --dir {self.paths.root}`)"
             )
+        provision.use_local_credential(st.cluster_file)
         procs = []
         for r in st.processes:
             procs.append(
@@ -1546,6 +1556,7 @@ class LocalCluster:
         for f in (p.state, p.cluster_file, *leftovers):
             with contextlib.suppress(FileNotFoundError):
                 f.unlink()
+        provision.remove_all(p.root)
         self._say(f"wiped {p.root}")
 
     def kill(self, name: str) -> ProcRecord:
@@ -1804,6 +1815,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ROLE.SECTION.KEY=VALUE",
         help="override a config key of every process of ROLE (repeatable)",
     )
+    up.add_argument(
+        "--tls",
+        action="store_true",
+        default=None,
+        help="TLS on every TCP connection (a CA and per-service certificates in DIR/tls)",
+    )
     up.add_argument("--mount", metavar="MOUNTPOINT", help="mount the file system there with FUSE")
     up.add_argument(
         "--timeout", type=float, default=120.0, help="seconds to wait for the cluster to be usable"
@@ -1821,6 +1838,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_dir(st)
     st.add_argument("--json", action="store_true", help="print one JSON object")
+
+    cr = sub.add_parser(
+        "credentials",
+        help="create a deployment's cluster secret, mount token and TLS certificates in DIR",
+    )
+    cr.add_argument("--dir", required=True, help="where (e.g. a volume every service mounts)")
+    cr.add_argument("--tls", action="store_true", help="also a CA and one certificate per service")
+    cr.add_argument(
+        "--service",
+        action="append",
+        default=[],
+        metavar="NAME[=HOST,...]",
+        help="a service to issue a certificate for, and the hosts it is valid for (repeatable)",
+    )
 
     dn = sub.add_parser("down", help="unmount and stop the processes the launcher started")
     add_dir(dn)
@@ -1891,6 +1922,7 @@ SPEC_OPTIONS = (
     "transport",
     "rpc",
     "base_port",
+    "tls",
 )
 
 
@@ -1903,6 +1935,10 @@ def main(argv: list[str] | None = None) -> int:
             ok, msg = False, e.message
         print(msg, file=sys.stdout if ok else sys.stderr)
         return 0 if ok else 1
+    if args.cmd == "credentials":
+        for line in provision.create_all(args.dir, tls=args.tls, services=args.service):
+            print(line)
+        return 0
     lc = LocalCluster(args.dir, grace_s=getattr(args, "grace", 10.0))
     try:
         if args.cmd == "up":

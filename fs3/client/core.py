@@ -25,8 +25,10 @@ bridge's loop, or the FUSE daemon's). Errors are :class:`~fs3.errors.FsError`;
 Semantics (docs/architecture.md):
 
 * **Writes**: :meth:`write` returns after every piece is committed by its chain
-  (the head acks after the tail committed), unless ``behind=True`` (started in
-  the background; flush/fsync/release wait and raise a deferred failure). The
+  (the head acks after the tail committed), unless ``behind=True``: then the
+  client's one write-behind engine (:mod:`fs3.client.write_behind`, used by the
+  FUSE mount and the Python API alike) buffers and sends it in the background;
+  flush/fsync/release wait and raise a deferred failure. The
   file length lives in meta; a handle remembers the highest end offset it wrote
   and reports it as a length hint on :meth:`flush`/:meth:`fsync`/:meth:`release`
   and every ``length_report_interval_s`` for long writers. Hints never shrink a
@@ -65,11 +67,14 @@ from fs3.client.layout import Layout
 from fs3.client.meta_client import MetaClient, new_request_id
 from fs3.client.retry import RetryPolicy
 from fs3.client.storage_client import StorageClient
+from fs3.client.write_behind import WriteBehind
 from fs3.errors import Code, FsError, posix
 from fs3.proto import common_pb2, meta_pb2
 from fs3.routing import Routing, RoutingWatcher
+from fs3.rpc import auth as _auth
 from fs3.rpc.channel import ChannelPool
 from fs3.security.capability import CapabilityCache
+from fs3.security.tokens import peek
 from fs3.transport.base import ClientTransport
 
 log = logging.getLogger("fs3.client")
@@ -205,8 +210,9 @@ class FileHandle:
     last_report: float = field(default_factory=time.monotonic)
     known_length: int = 0
     closed: bool = False
-    pending: list[_PendingWrite] = field(default_factory=list)
-    error: FsError | None = None
+    error: FsError | None = (
+        None  # a write-behind failure, raised by the next write/flush/fsync/close
+    )
     write_mtime_ns: int = 0  # wall clock of the last write not yet reported to meta
     readahead: bool = False  # prefetch ahead of sequential reads (see AsyncClient.readinto)
     ra: list[_Prefetch] = field(default_factory=list)
@@ -228,15 +234,6 @@ class _CachedDir:
 
     expires: float
     attr: meta_pb2.Attr
-
-
-@dataclass(eq=False)
-class _PendingWrite:
-    """A write-behind write in flight: its file range and task."""
-
-    start: int
-    end: int
-    task: asyncio.Task[int]
 
 
 @dataclass(eq=False)
@@ -284,6 +281,10 @@ _CAP_CALLER: contextvars.ContextVar[tuple[Caller, str] | None] = contextvars.Con
 class AsyncClient:
     """The fs3 client core (asyncio). Create with :meth:`connect`; close with :meth:`close`."""
 
+    # what a client minting its own token from a readable cluster secret presents
+    # (fs3.security.tokens kinds; the FUSE daemon's is "mount")
+    credential_kind = "service"
+
     def __init__(
         self,
         *,
@@ -293,15 +294,23 @@ class AsyncClient:
         transport: ClientTransport,
         client_id: str,
         meta_addresses: Sequence[str] = (),
+        credential: Any = None,
     ) -> None:
         self.config = config
+        self.credential = credential  # fs3.rpc.auth.Credential (None: the process's)
+        # who the client's own bookkeeping calls (lengths of open files) run as: root,
+        # unless a user token says who this client is (it may act for nobody else)
+        self.internal_caller = ROOT
+        claims = peek(credential.token) if credential is not None else None
+        if claims is not None and claims.kind == "user":
+            self.internal_caller = Caller(claims.uid, claims.gid, tuple(claims.groups))
         self.client_id = client_id
         self.mgmtd = mgmtd
         self.routing_watcher = watcher
         self.transport = transport
         c = config.client
         self.policy = RetryPolicy(deadline_s=c.retry_deadline_s, rpc_timeout_s=c.rpc_timeout_s)
-        self._pool = ChannelPool(config.rpc.transport)
+        self._pool = ChannelPool(config.rpc.transport, credential)
         self.meta = MetaClient(
             lambda: self.routing_watcher.current,
             self.refresh_routing,
@@ -322,6 +331,14 @@ class AsyncClient:
         # before they expire, so storage I/O of every path (Python API, FUSE, USRBIO) has one.
         self.capabilities = CapabilityCache(self._fetch_capability)
         self.storage.caps = self.capabilities
+        #: the one write-behind engine (write(behind=True)); the FUSE mount sets its depth
+        self.write_behind = WriteBehind(
+            self._storage_write,
+            transport,
+            self._write_failed,
+            depth=c.io_depth,
+            max_age_s=config.fuse.write_buffer_age_s,
+        )
         self._fh_ids = itertools.count(1)
         self._handles: dict[int, FileHandle] = {}
         self._reporter: asyncio.Task[None] | None = None
@@ -347,6 +364,7 @@ class AsyncClient:
         client_id: str | None = None,
         meta_addresses: Sequence[str] = (),
         on_wait: Callable[[str], None] | None = None,
+        credential: Any = None,
     ) -> AsyncClient:
         """Connect to a cluster: find mgmtd, fetch routing, set up transports.
 
@@ -361,6 +379,11 @@ class AsyncClient:
         after :data:`CONNECT_NOTICE_S`, ``on_wait`` (default: a warning on the
         ``fs3.client`` logger, which reaches stderr even when logging is not
         configured) is told which addresses are being waited for.
+
+        ``credential`` (``fs3.rpc.auth.Credential``) is what every call presents;
+        default: :func:`fs3.rpc.auth.credential_from` for this cluster file (a token
+        from ``$FS3_TOKEN``/``$FS3_TOKEN_FILE``, or the cluster secret beside the
+        cluster file when this user may read it).
 
         Raises:
             FsError: ENOENT/EACCES/EISDIR (the cluster file cannot be read),
@@ -378,6 +401,17 @@ class AsyncClient:
                 Code.INVALID_ARGUMENT,
                 "no cluster file (pass one, set [cluster] cluster_file or FS3_CLUSTER_FILE)",
             )
+        if credential is None:
+            credential = _auth.credential_from(
+                token_file=cfg.rpc.token_file or None,
+                secret_file=cfg.rpc.secret_file or None,
+                cluster_file=path,
+                kind=cls.credential_kind,
+                tls_ca=cfg.rpc.tls_ca,
+            )
+            if not _auth.default_credential().token:
+                # this process's other channels (e.g. the shm transport's) present it too
+                _auth.set_default(credential)
         kind = transport or cfg.transport.kind
         cid = client_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         mgmtd = MgmtdClient.from_cluster_file(
@@ -385,6 +419,7 @@ class AsyncClient:
             timeout_s=cfg.client.rpc_timeout_s,
             retry_deadline_s=cfg.client.retry_deadline_s,
             transport=cfg.rpc.transport,
+            credential=credential,
         )
         watcher = RoutingWatcher(mgmtd, poll_interval_s=cfg.client.routing_refresh_s)
         try:
@@ -402,6 +437,7 @@ class AsyncClient:
             transport=tr,
             client_id=cid,
             meta_addresses=meta_addresses,
+            credential=credential,
         )
         self._reporter = asyncio.create_task(self._report_loop(), name="fs3-length-reporter")
         return self
@@ -414,6 +450,7 @@ class AsyncClient:
         for h in list(self._handles.values()):
             with contextlib.suppress(FsError):
                 await self.release(h)
+        await self.write_behind.close()  # buffered data first: its handles' sessions close after
         await self.flush_closes()
         if self._reporter is not None:
             self._reporter.cancel()
@@ -578,7 +615,7 @@ class AsyncClient:
         for h in self._handles_of(fh.inode):
             if h.dirty:
                 await self._report(h)
-        size = int((await self.getattr(ROOT, fh.inode)).size)
+        size = int((await self.getattr(self.internal_caller, fh.inode)).size)
         inode, chains, cs = fh.inode, fh.chains, fh.chunk_size
         grows = not mode & FALLOC_FL_KEEP_SIZE and end > size
         if chains:
@@ -1064,7 +1101,7 @@ class AsyncClient:
 
     def _prefetch(self, fh: FileHandle, start: int, length: int) -> None:
         """Start read-ahead windows (chunk-aligned) covering the next ``readahead_chunks`` chunks."""
-        if any(h.pending for h in self._handles_of(fh.inode)):
+        if self.write_behind.busy(fh.inode):
             return  # a window could read bytes a write in flight is replacing
         cs = fh.chunk_size
         limit = min(length, start + self.config.client.readahead_chunks * cs)
@@ -1099,12 +1136,12 @@ class AsyncClient:
         """Write ``data`` at ``offset``.
 
         ``behind=False``: returns after every chunk piece is committed on its chain.
-        ``behind=True`` (write-behind, like a page cache): copies ``data`` and
-        returns once the write is *started*; up to ``io_depth`` such writes per
-        handle run in parallel (overlapping ranges stay in order). Reads,
-        truncates, flush, fsync and release wait for them; a failure is raised
-        by the next write/flush/fsync/release of the handle (like a deferred
-        writeback error).
+        ``behind=True`` (write-behind, like a page cache): copies ``data`` into the
+        write-behind engine's staging buffer (:mod:`fs3.client.write_behind`) and
+        returns; the engine sends it in the background (overlapping ranges stay in
+        order). Reads, truncates, flush, fsync and release wait for it; a failure
+        is raised by the next write/flush/fsync/release of the handle (like a
+        deferred writeback error).
         """
         self._check_open(fh)
         if not fh.writable:
@@ -1120,23 +1157,18 @@ class AsyncClient:
             raise posix(_errno.EFBIG)
         end = offset + n
         self._raise_deferred(fh)
-        await self._wait_inode(fh.inode, offset, end)  # keep overlapping writes in order
         if not behind:
+            await self._wait_inode(fh.inode, offset, end)  # keep overlapping writes in order
             await self.storage.write(fh.inode, fh.chains, fh.chunk_size, offset, data)
             self._written(fh, end)
             return n
-        payload = bytes(data)  # the caller may reuse its buffer once we return
-        while len(fh.pending) >= self.storage.io_depth:
-            await asyncio.wait([p.task for p in fh.pending], return_when=asyncio.FIRST_COMPLETED)
-        self._raise_deferred(fh)
-        task = asyncio.create_task(
-            self.storage.write(fh.inode, fh.chains, fh.chunk_size, offset, payload)
-        )
-        pw = _PendingWrite(offset, end, task)
-        fh.pending.append(pw)
-        task.add_done_callback(lambda t: self._write_done(fh, pw, t))
+        await self.write_behind.write(fh, offset, memoryview(data).cast("B"))
         self._written(fh, end)
         return n
+
+    async def _storage_write(self, fh: FileHandle, offset: int, data: memoryview) -> int:
+        """The write-behind engine's way to storage (committed on every replica on return)."""
+        return await self.storage.write(fh.inode, fh.chains, fh.chunk_size, offset, data)
 
     def _written(self, fh: FileHandle, end: int) -> None:
         for h in self._handles_of(fh.inode):
@@ -1148,23 +1180,12 @@ class AsyncClient:
         fh.dirty = True
         fh.write_mtime_ns = time.time_ns()
 
-    def _write_done(self, fh: FileHandle, pw: _PendingWrite, t: asyncio.Task[int]) -> None:
-        with contextlib.suppress(ValueError):
-            fh.pending.remove(pw)
-        if fh.error is not None:
-            return
-        if t.cancelled():
-            fh.error = FsError(
-                Code.CANCELLED, f"write of inode {fh.inode} at {pw.start} was cancelled"
-            )
-            return
-        exc = t.exception()
-        if isinstance(exc, FsError):
-            fh.error = exc
-        elif exc is not None:
-            fh.error = FsError(
-                Code.INTERNAL, f"write of inode {fh.inode} at {pw.start} failed: {exc!r}"
-            )
+    def _write_failed(self, fh: FileHandle, err: FsError) -> None:
+        """A write-behind write of ``fh`` failed: every writable handle of the inode reports
+        it (its next write/flush/fsync/close), as the kernel reports writeback errors."""
+        for h in {fh, *self._handles_of(fh.inode)}:
+            if h.writable and h.error is None:
+                h.error = err
 
     def _raise_deferred(self, fh: FileHandle) -> None:
         err, fh.error = fh.error, None
@@ -1172,22 +1193,12 @@ class AsyncClient:
             raise err
 
     async def _wait_inode(self, inode: int, start: int = 0, end: int | None = None) -> None:
-        """Wait for write-behind writes to ``inode`` overlapping [start, end) (all if end is None)."""
-        while True:
-            tasks = [
-                p.task
-                for h in self._handles_of(inode)
-                for p in h.pending
-                if end is None or (p.start < end and start < p.end)
-            ]
-            if not tasks:
-                return
-            await asyncio.wait(tasks)
+        """Settle write-behind writes to ``inode`` overlapping [start, end) (all if end is None)."""
+        await self.write_behind.settle(inode, start, end)
 
     async def drain(self, fh: FileHandle) -> None:
-        """Wait until every write-behind write of ``fh`` finished; raise the first failure."""
-        if fh.pending:
-            await asyncio.wait([p.task for p in fh.pending])
+        """Wait until every write-behind write of ``fh``'s inode finished; raise a failure."""
+        await self.write_behind.settle(fh.inode)
         self._raise_deferred(fh)
 
     async def flush(self, fh: FileHandle) -> None:
@@ -1486,7 +1497,7 @@ class AsyncClient:
         return max(fh.known_length, self._local_length(fh.inode, fh.truncate_version))
 
     async def _refresh_length(self, fh: FileHandle) -> int:
-        attr = await self.getattr(ROOT, fh.inode)
+        attr = await self.getattr(self.internal_caller, fh.inode)
         if int(attr.truncate_version) != fh.truncate_version:
             # Someone truncated: our unreported hints are void, meta's length rules.
             fh.truncate_version = int(attr.truncate_version)
@@ -1523,8 +1534,9 @@ class AsyncClient:
         # would see zeros there): with writes pending, report only up to the
         # first pending byte.
         end = fh.written_end
-        if fh.pending:
-            end = min(end, min(p.start for p in fh.pending))
+        first = self.write_behind.unsettled_from(fh.inode)
+        if first is not None:
+            end = min(end, first)
         if end:
             req.has_length_hint = True
             req.length_hint = end
@@ -1570,7 +1582,7 @@ class AsyncClient:
 
     def _quiet(self, fh: FileHandle) -> bool:
         """True if closing ``fh`` has nothing to tell meta but the end of its session."""
-        if fh.pending or fh.error is not None:
+        if self.write_behind.busy(fh.inode) or fh.error is not None:
             return False
         probe = meta_pb2.CloseRequest()
         self._hint(fh, probe)

@@ -72,6 +72,14 @@ def _current_umask() -> int:
     return old
 
 
+def _token_identity(token: str) -> Any:
+    """The claims of a user token (unverified: servers check them), else None."""
+    from fs3.security.tokens import peek
+
+    c = peek(token)
+    return c if c is not None and c.kind == "user" else None
+
+
 class Client:
     """A connected fs3 client with ``os``-like functions and ``open``.
 
@@ -105,8 +113,17 @@ class Client:
         transport: str | None = None,
         config: _config.ClientConfig | None = None,
         bridge: Bridge | None = None,
+        token: str | None = None,
+        token_file: str | None = None,
     ) -> Client:
-        """Connect; ``uid``/``gid`` default to this process's.
+        """Connect; ``uid``/``gid`` default to this process's, or to the user token's.
+
+        The credential is ``token`` (or ``token_file``, ``$FS3_TOKEN``,
+        ``$FS3_TOKEN_FILE``; ``fs3 admin user token NAME`` prints one), else the
+        cluster secret beside the cluster file if this user may read it (the
+        operator who ran ``fs3 cluster up``). A user token acts only as its own
+        uid/gid/groups: servers refuse calls that claim another (``uid=0`` with a
+        user token fails with ``PermissionError``).
 
         Raises the ``OSError`` subclass ``open`` would: ``FileNotFoundError``,
         ``PermissionError`` or ``IsADirectoryError`` for an unreadable cluster
@@ -117,7 +134,20 @@ class Client:
         own = bridge is None
         br = bridge or Bridge(event_loop=config.rpc.event_loop if config is not None else None)
         try:
-            core = br.run(AsyncClient.connect(cluster_file, config=config, transport=transport))
+            cred = None
+            if token or token_file:
+                from fs3.rpc.auth import credential_from
+
+                cred = credential_from(
+                    token=token,
+                    token_file=token_file,
+                    cluster_file=str(cluster_file) if cluster_file else None,
+                )
+            core = br.run(
+                AsyncClient.connect(
+                    cluster_file, config=config, transport=transport, credential=cred
+                )
+            )
         except FsError as e:
             if own:
                 br.close()
@@ -128,6 +158,11 @@ class Client:
                 br.close()
             raise
         me = Caller.current()
+        claims = _token_identity(core.credential.token if core.credential else "")
+        if claims is not None:  # a user token: its identity, not this process's
+            me = Caller(claims.uid, claims.gid, tuple(claims.groups), me.pid)
+            if groups is None and uid is None and gid is None:
+                groups = tuple(claims.groups)
         caller = Caller(
             me.uid if uid is None else uid,
             me.gid if gid is None else gid,
@@ -795,7 +830,7 @@ class RawFile(io.RawIOBase):
         """Wait for write-behind writes (their failures surface here)."""
         if self.closed or self._client._closed:
             return
-        if self._h.pending or self._h.error is not None:
+        if self._client.core.write_behind.busy(self._h.inode) or self._h.error is not None:
             self._run(self._client.core.drain(self._h))
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:

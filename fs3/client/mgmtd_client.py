@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from fs3.config import read_cluster_file
 from fs3.errors import Code, FsError
 from fs3.proto import mgmtd_pb2, mgmtd_pb2_grpc
+from fs3.rpc.auth import credential_for_cluster
 from fs3.rpc.channel import ChannelPool, call
 from fs3.rpc.status import from_rpc_error
 
@@ -60,6 +61,7 @@ class MgmtdClient:
         timeout_s: float = 5.0,
         retry_deadline_s: float = 60.0,
         transport: str | None = None,
+        credential: Any = None,
     ) -> None:
         addrs = [a.strip() for a in addresses if a and a.strip()]
         if not addrs:
@@ -76,11 +78,14 @@ class MgmtdClient:
         self._rng = random.Random()
         self._closed = False
         self.transport = transport  # native | grpc; None: the process's [rpc] transport
+        self.credential = credential  # fs3.rpc.auth.Credential; None: the process's
 
     @classmethod
     def from_cluster_file(cls, path: str, **kwargs: Any) -> MgmtdClient:
         """A client for the cluster named in ``path`` (``<cluster_id>@host:port,...``)."""
         cf = read_cluster_file(path)
+        if kwargs.get("credential") is None:
+            kwargs["credential"] = credential_for_cluster(path)
         return cls(cf.mgmtd_addresses, cf.cluster_id, **kwargs)
 
     @property
@@ -206,6 +211,33 @@ class MgmtdClient:
         )
         return await self._call("CreateChainTable", req)
 
+    # -- users (admin credential; GetUser: services) ------------------------------------
+
+    async def add_user(
+        self, name: str, uid: int, gid: int, groups: Sequence[int] = (), admin: bool = False
+    ) -> mgmtd_pb2.UserTokenResponse:
+        """Add a user; the answer carries its token."""
+        req = mgmtd_pb2.AddUserRequest(
+            name=name, uid=uid, gid=gid, groups=list(groups), admin=admin
+        )
+        return await self._call("AddUser", req)
+
+    async def remove_user(self, name: str) -> None:
+        """Remove a user: its token stops working."""
+        await self._call("RemoveUser", mgmtd_pb2.RemoveUserRequest(name=name))
+
+    async def list_users(self) -> list[mgmtd_pb2.UserRecord]:
+        return list((await self._call("ListUsers", mgmtd_pb2.ListUsersRequest())).users)
+
+    async def user_token(self, name: str, rotate: bool = False) -> mgmtd_pb2.UserTokenResponse:
+        """The user's token (``rotate``: a new one; the old one stops working)."""
+        return await self._call("UserToken", mgmtd_pb2.UserTokenRequest(name=name, rotate=rotate))
+
+    async def get_user(self, name: str) -> mgmtd_pb2.UserRecord | None:
+        """The full user record (servers confirming a user token), or None if absent."""
+        r = await self._call("GetUser", mgmtd_pb2.GetUserRequest(name=name))
+        return r.user if r.found else None
+
     async def set_target_state(self, target_id: int, offline: bool) -> mgmtd_pb2.ChainInfo:
         """Mark a target administratively offline (True) or clear the mark (False)."""
         r = await self._call(
@@ -248,7 +280,7 @@ class MgmtdClient:
         loop = asyncio.get_running_loop()
         if self._pool is None or self._loop is not loop:
             # grpc.aio channels belong to one loop; a new loop needs new ones.
-            self._pool = ChannelPool(self.transport)
+            self._pool = ChannelPool(self.transport, self.credential)
             self._loop = loop
             self._stubs = {}
         stub = self._stubs.get(addr)

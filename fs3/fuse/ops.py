@@ -31,16 +31,19 @@ Design decisions (the reasons are in the docstrings below):
   is never answered (the caller hangs), so this matters even more than on trio
   (where it ended ``pyfuse3.main`` and left the mount returning ENOTCONN).
 * **Write buffering** (docs/architecture.md, data flow of a write, step 2):
-  sequential writes to an inode accumulate in one per-inode buffer that never
-  crosses a chunk boundary; a full buffer (or a non-contiguous write, flush,
-  fsync, release, a read or setattr of the inode, or age) is written to
-  storage in the background, at most ``write_behind_chunks`` at a time per
-  mount. A write error of a background
-  flush is reported by the next write, flush (close) or fsync of the handle, as
-  the kernel does for its own page cache. ``flush``/``fsync``/``release`` wait
-  for every write of the inode and then report the length (and the last write's
-  mtime) to meta, so close(2) and fsync(2) return only after the data is
-  committed on all serving replicas and the length is recorded.
+  buffered writes go to the client's write-behind engine
+  (:mod:`fs3.client.write_behind`, through ``AsyncClient.write(behind=True)``),
+  the same one the Python API uses: sequential writes to an inode accumulate in
+  one staging buffer per inode that never crosses a chunk boundary and is sent
+  to storage as it is (no second copy); a full buffer (or a non-contiguous
+  write, flush, fsync, release, a read or setattr of the inode, or age) is
+  written in the background, at most ``write_behind_chunks`` at a time per
+  mount. A write error of a background flush is reported by the next write,
+  flush (close) or fsync of the handle, as the kernel does for its own page
+  cache. ``flush``/``fsync``/``release`` wait for every write of the inode and
+  then report the length (and the last write's mtime) to meta, so close(2) and
+  fsync(2) return only after the data is committed on all serving replicas and
+  the length is recorded.
 * **Close-to-open consistency**: ``open`` always asks meta (fresh attributes);
   if they differ from what this mount last told the kernel, the kernel's
   cached attributes and pages for the inode are invalidated and the page
@@ -189,6 +192,8 @@ class FuseClient(AsyncClient):
     overwritten by the report at close.
     """
 
+    credential_kind = "mount"  # acts for the local users the kernel names, not an admin
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: fh number -> wall-clock ns of the last write not yet reported to meta.
@@ -231,34 +236,20 @@ class OpenFile:
     h: FileHandle
     ist: InodeState
     direct: bool
-    error: FsError | None = None  # a background write failed: report at next write/flush/fsync
 
 
 @dataclass(eq=False)
 class InodeState:
-    """Per-inode write buffer and in-flight background writes (while any handle is open)."""
+    """What the kernel must see of this mount's unreported writes to an inode (while open).
+
+    The written bytes themselves are in the client's write-behind engine.
+    """
 
     inode: int
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     files: set[OpenFile] = field(default_factory=set)
-    buf: bytearray = field(default_factory=bytearray)
-    buf_off: int = 0
-    buf_owner: OpenFile | None = None
-    buf_since: float = 0.0
-    inflight: list[tuple[int, int]] = field(
-        default_factory=list
-    )  # [start, end) ranges being written
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
     pending_end: int = 0  # end of data accepted (buffered or in flight) under pending_tv
     pending_tv: int = 0
     mtime_ns: int = 0  # last write on this mount not yet reported to meta
-
-    def __post_init__(self) -> None:
-        self.idle.set()
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.buf) or bool(self.inflight)
 
 
 @dataclass(eq=False)
@@ -364,7 +355,9 @@ class Fs3Operations(pyfuse3.Operations):
         self._seen: dict[
             int, tuple[int, int, int]
         ] = {}  # inode -> (size, mtime, ctime) last told to the kernel
-        self._write_slots = asyncio.Semaphore(max(1, cfg.write_behind_chunks))
+        # the client's write-behind engine serves this mount's buffered writes
+        client.write_behind.depth = max(1, cfg.write_behind_chunks)
+        client.write_behind.max_age_s = float(cfg.write_buffer_age_s)
         #: background writes, invalidations and the age flusher (between start() and stop());
         #: kept here because the loop holds only weak references to tasks.
         self._tasks: set[asyncio.Task[None]] = set()
@@ -385,9 +378,8 @@ class Fs3Operations(pyfuse3.Operations):
     # ------------------------------------------------------------------ background tasks
 
     def start(self) -> None:
-        """Start background work (age flusher); background writes run as tasks from now on."""
+        """Start background work (kernel cache invalidations run as tasks from now on)."""
         self._running = True
-        self._spawn(self.age_flusher())
 
     async def stop(self) -> None:
         """Cancel and wait for every background task (after :meth:`drain`, before unmount)."""
@@ -495,84 +487,17 @@ class Fs3Operations(pyfuse3.Operations):
 
     # ------------------------------------------------------------------ write buffer
 
-    def _chunk_end(self, of: OpenFile, off: int) -> int:
-        cs = of.h.chunk_size or (1 << 20)
-        return (off // cs + 1) * cs
-
-    async def _start_flush(self, ist: InodeState) -> None:
-        """Hand the inode's buffer to a background storage write (caller holds ist.lock)."""
-        if not ist.buf:
-            return
-        owner = ist.buf_owner
-        data = bytes(ist.buf)
-        off = ist.buf_off
-        ist.buf = bytearray()
-        ist.buf_owner = None
-        assert owner is not None
-        await self._submit(ist, owner, off, data)
-
-    async def _submit(self, ist: InodeState, of: OpenFile, off: int, data: bytes) -> None:
-        """Write ``data`` in the background, after any overlapping in-flight write (ordering)."""
-        end = off + len(data)
-        while any(s < end and off < e for s, e in ist.inflight):
-            await ist.idle.wait()
-        await self._write_slots.acquire()
-        rng = (off, end)
-        ist.inflight.append(rng)
-        if ist.idle.is_set():
-            ist.idle = asyncio.Event()
-        if not self._running:  # no background tasks (not running): write inline
-            await self._bg_write(ist, of, rng, data)
-        else:
-            self._spawn(self._bg_write(ist, of, rng, data))
-
-    async def _bg_write(
-        self, ist: InodeState, of: OpenFile, rng: tuple[int, int], data: bytes
-    ) -> None:
-        try:
-            self.stats.storage_writes += 1
-            await self._call(self.client.write(of.h, rng[0], data))
-        except FsError as e:
-            log.warning(
-                "background write of inode %d [%d, %d) failed: %s", ist.inode, rng[0], rng[1], e
-            )
-            for f in ist.files:
-                if f.h.writable:
-                    f.error = e
-            of.error = e
-        except asyncio.CancelledError:
-            of.error = FsError(Code.CANCELLED, "write cancelled")
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise  # this task is being cancelled (shutdown)
-            log.warning("background write of inode %d [%d, %d) cancelled", ist.inode, *rng)
-            for f in ist.files:
-                if f.h.writable:
-                    f.error = of.error
-        except BaseException as e:  # noqa: BLE001 - recorded, never raised here
-            log.exception("background write of inode %d failed", ist.inode)
-            for f in ist.files:
-                if f.h.writable:
-                    f.error = FsError(Code.INTERNAL, str(e))
-            of.error = FsError(Code.INTERNAL, str(e))
-        finally:
-            ist.inflight.remove(rng)
-            self._write_slots.release()
-            if not ist.inflight:
-                ist.idle.set()
+    def _busy(self, ist: InodeState) -> bool:
+        return self.client.write_behind.busy(ist.inode)
 
     async def _settle(self, ist: InodeState) -> None:
-        """Flush the inode's buffer and wait until none of its writes is in flight."""
-        if not ist.busy:
-            return
-        async with ist.lock:
-            await self._start_flush(ist)
-            while ist.inflight:
-                await ist.idle.wait()
+        """Send the inode's buffered writes and wait until none of them is in flight."""
+        await self._call(self.client.write_behind.settle(ist.inode))
 
     def _raise_deferred(self, of: OpenFile) -> None:
-        if of.error is not None:
-            e, of.error = of.error, None
+        e = of.h.error
+        if e is not None:
+            of.h.error = None
             raise pyfuse3.FUSEError(e.errno or errno.EIO)
 
     async def _report(self, of: OpenFile, *, fsync: bool) -> None:
@@ -610,20 +535,6 @@ class Fs3Operations(pyfuse3.Operations):
                 await self._sync_inode(ist.inode, report=True)
             except Exception as e:  # noqa: BLE001 - shutting down: log and continue with the rest
                 log.warning("drain of inode %d failed: %s", ist.inode, e)
-
-    async def age_flusher(self) -> None:
-        """Flush write buffers that sat partly filled for ``write_buffer_age_s``."""
-        age = float(self.cfg.write_buffer_age_s)
-        while True:
-            await asyncio.sleep(max(0.05, age / 2))
-            now = time.monotonic()
-            try:
-                for ist in list(self.inodes.values()):
-                    if ist.buf and now - ist.buf_since >= age and not ist.lock.locked():
-                        async with ist.lock:
-                            await self._start_flush(ist)
-            except Exception:  # a background task: log, keep flushing
-                log.exception("periodic write-buffer flush failed")
 
     # ================================================================== namespace
 
@@ -1026,7 +937,7 @@ class Fs3Operations(pyfuse3.Operations):
         ino = of.h.inode
         fp = (int(attr.size), _ts_ns(attr.mtime), _ts_ns(attr.ctime))
         seen = self._seen.get(ino)
-        keep = seen is not None and seen[0] == fp[0] and seen[1] == fp[1] and not of.ist.busy
+        keep = seen is not None and seen[0] == fp[0] and seen[1] == fp[1] and not self._busy(of.ist)
         if not keep:
             # before replying: the opener must see the new size. Unknown (the kernel
             # had the attributes from a listing): invalidated too, they may be older.
@@ -1082,7 +993,7 @@ class Fs3Operations(pyfuse3.Operations):
         if size > st.max_read:
             st.max_read = size
             log.info("largest read request so far: %d bytes", size)
-        if of.ist.busy:
+        if self._busy(of.ist):
             await self._settle(of.ist)
         # Read into one buffer and hand pyfuse3 a view of it (it takes any buffer): the client's
         # read() would copy the bytes once more only to return an immutable object.
@@ -1113,29 +1024,13 @@ class Fs3Operations(pyfuse3.Operations):
             return n
         if off + n > of.h.chunk_size * (1 << 32):
             raise pyfuse3.FUSEError(errno.EFBIG)
-        async with ist.lock:
-            tv = of.h.truncate_version
-            if ist.pending_tv != tv:
-                ist.pending_tv = tv
-                ist.pending_end = 0
-            mv = memoryview(buf)
-            pos = 0
-            while pos < n:
-                o = off + pos
-                if ist.buf and (ist.buf_owner is not of or ist.buf_off + len(ist.buf) != o):
-                    await self._start_flush(ist)
-                if not ist.buf:
-                    ist.buf_off = o
-                    ist.buf_owner = of
-                    ist.buf_since = time.monotonic()
-                end = self._chunk_end(of, ist.buf_off)
-                take = min(end - o, n - pos)
-                ist.buf += mv[pos : pos + take]
-                pos += take
-                if o + take > ist.pending_end:
-                    ist.pending_end = o + take
-                if ist.buf_off + len(ist.buf) >= end:
-                    await self._start_flush(ist)
+        tv = of.h.truncate_version
+        if ist.pending_tv != tv:
+            ist.pending_tv = tv
+            ist.pending_end = 0
+        await self._call(self.client.write(of.h, off, buf, behind=True))
+        if off + n > ist.pending_end:
+            ist.pending_end = off + n
         return n
 
     @_guard
@@ -1167,7 +1062,7 @@ class Fs3Operations(pyfuse3.Operations):
         h = of.h
         # close(2) waits for this: skip the trip to the client loop when the core has
         # nothing to do for the handle (no write in flight, none unreported, no error).
-        if h.writable and (h.dirty or h.pending or h.error is not None):
+        if h.writable and (h.dirty or self._busy(of.ist) or h.error is not None):
             await self._report(of, fsync=False)
 
     @_guard
@@ -1200,14 +1095,7 @@ class Fs3Operations(pyfuse3.Operations):
         finally:
             self.files.pop(fh, None)
             ist.files.discard(of)
-            if ist.buf_owner is of and ist.buf:  # cannot happen after _settle; never strand data
-                log.error(
-                    "release of fh %d left %d buffered bytes of inode %d",
-                    fh,
-                    len(ist.buf),
-                    ist.inode,
-                )
-            if not ist.files and not ist.busy:
+            if not ist.files:
                 self.inodes.pop(ist.inode, None)
 
 
@@ -1245,7 +1133,7 @@ class UsrbioBackend:
 
     async def read(self, inode: int, file_offset: int, dest: memoryview) -> int:
         of = self._open_file(inode, False)
-        if of.ist.busy:
+        if self.ops._busy(of.ist):
             await self.ops._settle(of.ist)
         return await self.ops._call(self.ops.client.readinto(of.h, file_offset, dest))
 
@@ -1265,7 +1153,7 @@ class UsrbioBackend:
             except FsError as e:
                 out[i] = e
                 continue
-            if of.ist.busy:
+            if self.ops._busy(of.ist):
                 await self.ops._settle(of.ist)
             todo.append((i, of, off, dest))
         if todo:
@@ -1279,7 +1167,7 @@ class UsrbioBackend:
     async def write(self, inode: int, file_offset: int, src: memoryview) -> int:
         of = self._open_file(inode, True)
         ist = of.ist
-        if ist.busy:
+        if self.ops._busy(ist):
             await self.ops._settle(ist)
         ist.mtime_ns = time.time_ns()
         n = await self.ops._call(self.ops.client.write(of.h, file_offset, src))

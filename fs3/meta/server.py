@@ -112,11 +112,13 @@ async def serve(cfg: MetaConfig, stop: asyncio.Event) -> int:
                 cfg.cluster.cluster_file,
                 timeout_s=max(1.0, min(5.0, cfg.meta.heartbeat_interval_s)),
             )
+            if server.auth is not None:
+                server.auth.lookup = mgmtd.get_user  # user tokens: confirmed by mgmtd
             watcher = RoutingWatcher(mgmtd, poll_interval_s=cfg.meta.routing_refresh_s)
             await watcher.start()
             source = RoutingChainTables(watcher, cfg.meta.default_chain_table)
         op = await asyncio.to_thread(MetaOperator, db, cfg.meta, source)
-        key = capability_key(cfg.security.secret_file, cfg.cluster.cluster_file)
+        key = capability_key(cfg.rpc.secret_file, cfg.cluster.cluster_file)
         if key is not None:
             op.signer = CapabilitySigner(key)
             op.capability_ttl_s = cfg.security.capability_ttl_s

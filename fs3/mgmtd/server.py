@@ -24,7 +24,9 @@ from fs3.logs import event
 from fs3.mgmtd.election import Elector
 from fs3.mgmtd.operator import MgmtdOperator
 from fs3.mgmtd.service import MgmtdServicer
+from fs3.mgmtd.users import Users
 from fs3.proto import mgmtd_pb2, mgmtd_pb2_grpc
+from fs3.rpc.auth import process_signer
 from fs3.rpc.server import add_servicer, bind, create_server
 from fs3.service import service_main
 
@@ -80,7 +82,12 @@ async def serve(cfg: MgmtdConfig, stop: asyncio.Event) -> int:
     server = create_server()
     elector = Elector(db, cfg.node.id, "", cfg.mgmtd)
     op = MgmtdOperator(db, cfg, elector, "")
-    add_servicer(server, mgmtd_pb2_grpc.add_MgmtdServiceServicer_to_server, MgmtdServicer(op))
+    users = Users(db, process_signer())
+    if server.auth is not None:
+        server.auth.lookup = users.lookup  # user tokens are checked against the KV's records
+    add_servicer(
+        server, mgmtd_pb2_grpc.add_MgmtdServiceServicer_to_server, MgmtdServicer(op, users)
+    )
     port = bind(server, cfg.node.host, cfg.node.port)
     address = f"{cfg.node.host}:{port}"
     elector.address = address

@@ -10,12 +10,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fs3.mgmtd.operator import MgmtdOperator
+from fs3.mgmtd.users import Users
 from fs3.proto import common_pb2, mgmtd_pb2, mgmtd_pb2_grpc
 
 
 class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServiceServicer):
-    def __init__(self, operator: MgmtdOperator) -> None:
+    def __init__(self, operator: MgmtdOperator, users: Users | None = None) -> None:
         self.op = operator
+        self.users = users or Users(operator.db, None)
 
     async def GetLeader(
         self, request: mgmtd_pb2.GetLeaderRequest, context: Any
@@ -58,3 +60,32 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServiceServicer):
     ) -> common_pb2.Empty:
         await self.op.report_target_error(request)
         return common_pb2.Empty()
+
+    async def AddUser(
+        self, request: mgmtd_pb2.AddUserRequest, context: Any
+    ) -> mgmtd_pb2.UserTokenResponse:
+        return await self.users.add(request)
+
+    async def RemoveUser(
+        self, request: mgmtd_pb2.RemoveUserRequest, context: Any
+    ) -> common_pb2.Empty:
+        await self.users.remove(request.name)
+        return common_pb2.Empty()
+
+    async def ListUsers(
+        self, request: mgmtd_pb2.ListUsersRequest, context: Any
+    ) -> mgmtd_pb2.ListUsersResponse:
+        return await self.users.list()
+
+    async def UserToken(
+        self, request: mgmtd_pb2.UserTokenRequest, context: Any
+    ) -> mgmtd_pb2.UserTokenResponse:
+        return await self.users.token(request)
+
+    async def GetUser(
+        self, request: mgmtd_pb2.GetUserRequest, context: Any
+    ) -> mgmtd_pb2.GetUserResponse:
+        rec = await self.users.lookup(request.name)
+        if rec is None:
+            return mgmtd_pb2.GetUserResponse(found=False)
+        return mgmtd_pb2.GetUserResponse(found=True, user=rec)

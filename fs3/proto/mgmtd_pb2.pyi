@@ -363,3 +363,81 @@ class MgmtdLease(_message.Message):
     lease_end: float
     release: int
     def __init__(self, node_id: _Optional[int] = ..., address: _Optional[str] = ..., lease_start: _Optional[float] = ..., lease_end: _Optional[float] = ..., release: _Optional[int] = ...) -> None: ...
+
+class UserRecord(_message.Message):
+    __slots__ = ("name", "uid", "gid", "groups", "admin", "token_id", "created")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    uid: int
+    gid: int
+    groups: _containers.RepeatedScalarFieldContainer[int]
+    admin: bool
+    token_id: str
+    created: float
+    def __init__(self, name: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., groups: _Optional[_Iterable[int]] = ..., admin: _Optional[bool] = ..., token_id: _Optional[str] = ..., created: _Optional[float] = ...) -> None: ...
+
+class AddUserRequest(_message.Message):
+    __slots__ = ("name", "uid", "gid", "groups", "admin")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    uid: int
+    gid: int
+    groups: _containers.RepeatedScalarFieldContainer[int]
+    admin: bool
+    def __init__(self, name: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., groups: _Optional[_Iterable[int]] = ..., admin: _Optional[bool] = ...) -> None: ...
+
+class UserTokenRequest(_message.Message):
+    __slots__ = ("name", "rotate")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROTATE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    rotate: bool
+    def __init__(self, name: _Optional[str] = ..., rotate: _Optional[bool] = ...) -> None: ...
+
+class UserTokenResponse(_message.Message):
+    __slots__ = ("user", "token")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    user: UserRecord
+    token: str
+    def __init__(self, user: _Optional[_Union[UserRecord, _Mapping]] = ..., token: _Optional[str] = ...) -> None: ...
+
+class RemoveUserRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ListUsersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListUsersResponse(_message.Message):
+    __slots__ = ("users",)
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    users: _containers.RepeatedCompositeFieldContainer[UserRecord]
+    def __init__(self, users: _Optional[_Iterable[_Union[UserRecord, _Mapping]]] = ...) -> None: ...
+
+class GetUserRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class GetUserResponse(_message.Message):
+    __slots__ = ("found", "user")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    user: UserRecord
+    def __init__(self, found: _Optional[bool] = ..., user: _Optional[_Union[UserRecord, _Mapping]] = ...) -> None: ...

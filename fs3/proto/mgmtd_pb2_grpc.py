@@ -75,6 +75,31 @@ class MgmtdServiceStub:
                 request_serializer=mgmtd__pb2.ReportTargetErrorRequest.SerializeToString,
                 response_deserializer=common__pb2.Empty.FromString,
                 _registered_method=True)
+        self.AddUser = channel.unary_unary(
+                '/fs3.v1.MgmtdService/AddUser',
+                request_serializer=mgmtd__pb2.AddUserRequest.SerializeToString,
+                response_deserializer=mgmtd__pb2.UserTokenResponse.FromString,
+                _registered_method=True)
+        self.RemoveUser = channel.unary_unary(
+                '/fs3.v1.MgmtdService/RemoveUser',
+                request_serializer=mgmtd__pb2.RemoveUserRequest.SerializeToString,
+                response_deserializer=common__pb2.Empty.FromString,
+                _registered_method=True)
+        self.ListUsers = channel.unary_unary(
+                '/fs3.v1.MgmtdService/ListUsers',
+                request_serializer=mgmtd__pb2.ListUsersRequest.SerializeToString,
+                response_deserializer=mgmtd__pb2.ListUsersResponse.FromString,
+                _registered_method=True)
+        self.UserToken = channel.unary_unary(
+                '/fs3.v1.MgmtdService/UserToken',
+                request_serializer=mgmtd__pb2.UserTokenRequest.SerializeToString,
+                response_deserializer=mgmtd__pb2.UserTokenResponse.FromString,
+                _registered_method=True)
+        self.GetUser = channel.unary_unary(
+                '/fs3.v1.MgmtdService/GetUser',
+                request_serializer=mgmtd__pb2.GetUserRequest.SerializeToString,
+                response_deserializer=mgmtd__pb2.GetUserResponse.FromString,
+                _registered_method=True)
 
 
 class MgmtdServiceServicer:
@@ -128,6 +153,37 @@ class MgmtdServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUsers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UserToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetUser(self, request, context):
+        """services: confirm a user token
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MgmtdServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -170,6 +226,31 @@ def add_MgmtdServiceServicer_to_server(servicer, server):
                     servicer.ReportTargetError,
                     request_deserializer=mgmtd__pb2.ReportTargetErrorRequest.FromString,
                     response_serializer=common__pb2.Empty.SerializeToString,
+            ),
+            'AddUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddUser,
+                    request_deserializer=mgmtd__pb2.AddUserRequest.FromString,
+                    response_serializer=mgmtd__pb2.UserTokenResponse.SerializeToString,
+            ),
+            'RemoveUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveUser,
+                    request_deserializer=mgmtd__pb2.RemoveUserRequest.FromString,
+                    response_serializer=common__pb2.Empty.SerializeToString,
+            ),
+            'ListUsers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUsers,
+                    request_deserializer=mgmtd__pb2.ListUsersRequest.FromString,
+                    response_serializer=mgmtd__pb2.ListUsersResponse.SerializeToString,
+            ),
+            'UserToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.UserToken,
+                    request_deserializer=mgmtd__pb2.UserTokenRequest.FromString,
+                    response_serializer=mgmtd__pb2.UserTokenResponse.SerializeToString,
+            ),
+            'GetUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUser,
+                    request_deserializer=mgmtd__pb2.GetUserRequest.FromString,
+                    response_serializer=mgmtd__pb2.GetUserResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -388,6 +469,141 @@ class MgmtdService:
             '/fs3.v1.MgmtdService/ReportTargetError',
             mgmtd__pb2.ReportTargetErrorRequest.SerializeToString,
             common__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fs3.v1.MgmtdService/AddUser',
+            mgmtd__pb2.AddUserRequest.SerializeToString,
+            mgmtd__pb2.UserTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fs3.v1.MgmtdService/RemoveUser',
+            mgmtd__pb2.RemoveUserRequest.SerializeToString,
+            common__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUsers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fs3.v1.MgmtdService/ListUsers',
+            mgmtd__pb2.ListUsersRequest.SerializeToString,
+            mgmtd__pb2.ListUsersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UserToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fs3.v1.MgmtdService/UserToken',
+            mgmtd__pb2.UserTokenRequest.SerializeToString,
+            mgmtd__pb2.UserTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fs3.v1.MgmtdService/GetUser',
+            mgmtd__pb2.GetUserRequest.SerializeToString,
+            mgmtd__pb2.GetUserResponse.FromString,
             options,
             channel_credentials,
             insecure,

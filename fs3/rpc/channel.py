@@ -20,7 +20,7 @@ import grpc
 from grpc import aio
 
 from fs3.errors import Code, FsError
-from fs3.rpc import settings
+from fs3.rpc import auth, settings
 from fs3.rpc.native.client import NativeChannel
 from fs3.rpc.server import MAX_MESSAGE_BYTES
 from fs3.rpc.status import from_rpc_error
@@ -39,19 +39,43 @@ CHANNEL_OPTIONS = [
 ]
 
 
-def insecure_channel(address: str) -> aio.Channel:
-    """A new grpc.aio channel to ``address`` with fs3's options."""
-    return aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+def _grpc_tls(cred: auth.Credential) -> tuple[Any, list[tuple[str, Any]]]:
+    creds = grpc.ssl_channel_credentials(root_certificates=open(cred.tls_ca, "rb").read())  # noqa: SIM115
+    return creds, [*CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", cred.tls_server_name)]
 
 
-def sync_channel(address: str) -> grpc.Channel:
-    """A blocking channel (CLI tools, tests)."""
-    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+def insecure_channel(address: str, credential: auth.Credential | None = None) -> aio.Channel:
+    """A new grpc.aio channel to ``address`` with fs3's options.
+
+    It carries ``credential`` (default: the process's, :func:`fs3.rpc.auth.default_credential`):
+    its token on every call, TLS when it names the cluster's CA.
+    """
+    cred = credential if credential is not None else auth.default_credential()
+    icpt = auth.aio_interceptors(cred)
+    if cred.tls_ca:
+        creds, opts = _grpc_tls(cred)
+        return aio.secure_channel(address, creds, options=opts, interceptors=icpt)
+    return aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=icpt)
 
 
-def native_channel(address: str, rpc: Any = None) -> NativeChannel:
+def sync_channel(address: str, credential: auth.Credential | None = None) -> grpc.Channel:
+    """A blocking channel (CLI tools, tests), carrying ``credential`` as :func:`insecure_channel`."""
+    cred = credential if credential is not None else auth.default_credential()
+    if cred.tls_ca:
+        creds, opts = _grpc_tls(cred)
+        ch = grpc.secure_channel(address, creds, options=opts)
+    else:
+        ch = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    icpt = auth.sync_metadata_interceptor(cred)
+    return grpc.intercept_channel(ch, icpt) if icpt is not None else ch
+
+
+def native_channel(
+    address: str, rpc: Any = None, credential: auth.Credential | None = None
+) -> NativeChannel:
     """A native channel to ``address`` with the limits of ``rpc`` (default: the process's)."""
     r = rpc or settings.current()
+    cred = credential if credential is not None else auth.default_credential()
     return NativeChannel(
         address,
         socket_dir=r.socket_dir,
@@ -61,6 +85,9 @@ def native_channel(address: str, rpc: Any = None) -> NativeChannel:
         max_message_bytes=r.max_message_bytes,
         max_payload_bytes=r.max_payload_bytes,
         write_buffer_bytes=r.write_buffer_bytes,
+        token=cred.token,
+        ssl=cred.ssl_context(),
+        server_hostname=cred.tls_server_name,
     )
 
 
@@ -68,10 +95,14 @@ class ChannelPool:
     """One channel per address, for the event loop that owns the pool.
 
     ``transport``: ``"native"`` or ``"grpc"``; default: the process's ``[rpc] transport``.
+    ``credential``: what its channels present (default: the process's).
     """
 
-    def __init__(self, transport: str | None = None) -> None:
+    def __init__(
+        self, transport: str | None = None, credential: auth.Credential | None = None
+    ) -> None:
         self.transport = transport or settings.current().transport
+        self.credential = credential
         self._channels: dict[str, Any] = {}
 
     @property
@@ -83,9 +114,9 @@ class ChannelPool:
         ch = self._channels.get(address)
         if ch is None:
             if self.transport == "native":
-                ch = native_channel(address)
+                ch = native_channel(address, credential=self.credential)
             else:
-                ch = insecure_channel(address)
+                ch = insecure_channel(address, self.credential)
             self._channels[address] = ch
         return ch
 

@@ -31,6 +31,7 @@ import grpc
 from grpc import aio
 
 from fs3.errors import Code, FsError
+from fs3.rpc import auth as _auth
 from fs3.rpc import settings
 from fs3.rpc.native import endpoints
 from fs3.rpc.native.methods import service_of_adder
@@ -68,10 +69,14 @@ async def _abort(context: aio.ServicerContext, err: FsError) -> None:
     await context.abort(status_for(err), err.message)
 
 
-def _wrap_unary(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+def _wrap_unary(
+    fn: Callable[..., Any], name: str, gate: _auth.Authenticator | None, level: int
+) -> Callable[..., Any]:
     @functools.wraps(fn)
     async def handler(request: Any, context: aio.ServicerContext) -> Any:
         try:
+            if gate is not None and not gate.check_now(context, level, request, name):
+                await gate.check(context, level, request, name)
             return await fn(request, context)
         except aio.AbortError:
             raise
@@ -81,10 +86,17 @@ def _wrap_unary(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     return handler
 
 
-def _wrap_stream(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+def _wrap_stream(
+    fn: Callable[..., Any], name: str, gate: _auth.Authenticator | None, level: int
+) -> Callable[..., Any]:
     @functools.wraps(fn)
     async def handler(request: Any, context: aio.ServicerContext) -> Any:
         try:
+            if gate is not None:
+                # a request stream (iterator) carries no ``user`` field to check
+                msg = request if hasattr(request, "DESCRIPTOR") else None
+                if not gate.check_now(context, level, msg, name):
+                    await gate.check(context, level, msg, name)
             async for item in fn(request, context):
                 yield item
         except aio.AbortError:
@@ -95,16 +107,23 @@ def _wrap_stream(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     return handler
 
 
-def guard_servicer(servicer: Any) -> Any:
-    """Wrap every public async handler of ``servicer`` with error mapping (in place)."""
+def guard_servicer(
+    servicer: Any, gate: _auth.Authenticator | None = None, service: str = ""
+) -> Any:
+    """Wrap every public async handler of ``servicer`` with error mapping (in place).
+
+    With ``gate``, each call is first authenticated and authorized
+    (:meth:`fs3.rpc.auth.Authenticator.check`, levels by ``service``'s method names).
+    """
     for name, fn in inspect.getmembers(servicer, predicate=inspect.ismethod):
         if name.startswith("_"):
             continue
         qual = f"{type(servicer).__name__}.{name}"
+        level = _auth.level_of(service, name)
         if inspect.isasyncgenfunction(fn):
-            setattr(servicer, name, _wrap_stream(fn, qual))
+            setattr(servicer, name, _wrap_stream(fn, qual, gate, level))
         elif inspect.iscoroutinefunction(fn):
-            setattr(servicer, name, _wrap_unary(fn, qual))
+            setattr(servicer, name, _wrap_unary(fn, qual, gate, level))
     return servicer
 
 
@@ -114,7 +133,9 @@ class RpcServer:
     def __init__(self, rpc: Any = None) -> None:
         self.rpc = rpc or settings.current()
         self.grpc = aio.server(options=SERVER_OPTIONS)
-        self.native = NativeServer(Limits.from_config(self.rpc))
+        # None: no cluster secret configured, calls are not authenticated (fs3.rpc.auth)
+        self.auth = _auth.server_authenticator(self.rpc)
+        self.native = NativeServer(Limits.from_config(self.rpc), self.auth)
         self._sock: socket.socket | None = None
         self._grpc_path = ""
         self._uds_path = ""
@@ -122,9 +143,10 @@ class RpcServer:
         self.grpc_port = 0  # a direct gRPC port ([rpc] grpc_port), 0: none
 
     def add(self, add_fn: Callable[[Any, aio.Server], None], servicer: Any) -> None:
-        guarded = guard_servicer(servicer)
+        service = service_of_adder(add_fn)
+        guarded = guard_servicer(servicer, self.auth, service)
         add_fn(guarded, self.grpc)
-        self.native.add_servicer(service_of_adder(add_fn), guarded)
+        self.native.add_servicer(service, guarded)
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
         """gRPC-only handlers of services outside ``proto/`` (test doubles)."""
@@ -162,7 +184,9 @@ class RpcServer:
             )
         self.native.grpc_relay_path = self._grpc_path
         if self.rpc.grpc_port >= 0:
-            self.grpc_port = self.grpc.add_insecure_port(f"{host}:{self.rpc.grpc_port}")
+            self.grpc_port = _auth.add_grpc_port(
+                self.grpc, f"{host}:{self.rpc.grpc_port}", self.rpc
+            )
             if self.grpc_port == 0:
                 raise FsError(
                     Code.UNAVAILABLE,
@@ -174,7 +198,7 @@ class RpcServer:
     async def start(self) -> None:
         await self.grpc.start()
         if self._sock is not None:
-            await self.native.listen_socket(self._sock)
+            await self.native.listen_socket(self._sock, _auth.server_tls(self.rpc))
             if self.rpc.unix_sockets:
                 path = endpoints.uds_path(self.address, self.rpc.socket_dir)
                 try:

@@ -319,7 +319,7 @@ class CapabilityCache:
 
 
 def secret_path(secret_file: str, cluster_file: str) -> Path | None:
-    """Where the cluster secret is: ``[security] secret_file``, else beside the cluster file."""
+    """Where the cluster secret is: ``[rpc] secret_file``, else beside the cluster file."""
     if secret_file:
         return Path(secret_file)
     if cluster_file:

@@ -155,16 +155,18 @@ class StorageNode:
             self._hb_now.set,
             read_buffer_bytes=cfg.storage.read_buffer_bytes,
         )
-        key = capability_key(cfg.security.secret_file, cfg.cluster.cluster_file)
+        key = capability_key(cfg.rpc.secret_file, cfg.cluster.cluster_file)
         if key is not None:
             self.op.caps = CapabilityVerifier(key)
             self.rep.service_token = ServiceToken(CapabilitySigner(key)).token
         else:
             log.warning(
-                "no cluster secret (see [security] secret_file): chunk capabilities are not checked"
+                "no cluster secret (see [rpc] secret_file): chunk capabilities are not checked"
             )
         self.resync = ResyncManager(self.targets, self.rep)
         self._server = create_server()
+        if self._server.auth is not None:
+            self._server.auth.lookup = getattr(mgmtd, "get_user", None)  # confirmed by mgmtd
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
         self.heartbeats = 0

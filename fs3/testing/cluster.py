@@ -67,6 +67,7 @@ class ProcessCluster:
         transport: str = "grpc",
         rpc: str | None = None,
         mount: bool | str | None = None,
+        tls: bool = False,
         overrides: dict[str, dict[str, dict[str, Any]]] | None = None,
         start_timeout_s: float = 120.0,
         grace_s: float = 5.0,
@@ -87,6 +88,7 @@ class ProcessCluster:
             # the RPC transport of the tier: FS3_RPC_TRANSPORT (as every process reads it), default native
             rpc=rpc or fs3config.load(fs3config.ClientConfig, None).rpc.transport,
             overrides=overrides or {},
+            tls=tls,
         )
         if mount is True:
             self.mountpoint: str | None = str(self.dir / "mnt")

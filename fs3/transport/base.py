@@ -239,6 +239,15 @@ class ClientTransport(abc.ABC):
         """Undo :meth:`register_region` on every node it reached."""
         return None
 
+    def staging_buffer(self, size: int) -> tuple[memoryview, Callable[[], None]] | None:
+        """A writable buffer of ``size`` bytes that :meth:`write_ref` sends without copying,
+        and the function that gives it back; None when no such memory is free or every
+        buffer travels alike (the default: the caller uses its own memory).
+
+        Never waits: a writer that gets None uses ordinary memory (one copy later).
+        """
+        return None
+
     def forget_node(self, node_address: str) -> None:
         """Drop per-node state (registrations, connections), e.g. after the node restarted.
 

@@ -38,13 +38,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno as _errno
+import functools
 import itertools
 import logging
 import os
 import socket
 import struct
 import weakref
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -476,25 +477,30 @@ class _Staging:
     def total(self) -> int:
         return sum(a.region.size for a in self.arenas)
 
+    def try_alloc(self, size: int) -> _Slot | None:
+        """A slot of ``size`` bytes, or None if that needs waiting for a free."""
+        for arena in self.arenas:
+            if arena.dedicated:
+                continue
+            off = arena.alloc(size)
+            if off is not None:
+                return _Slot(arena, off, size, arena.region.buf[off : off + size])
+        want = self.arena_bytes if size <= self.arena_bytes else (size + (1 << 20) - 1) >> 20 << 20
+        if self.total() + want <= self.max_bytes or not self.arenas:
+            arena = _Arena(
+                ShmRegion.create(want, prefix="fs3-staging"), dedicated=size > self.arena_bytes
+            )
+            self.arenas.append(arena)
+            off = arena.alloc(size)
+            assert off is not None
+            return _Slot(arena, off, size, arena.region.buf[off : off + size])
+        return None
+
     async def alloc(self, size: int) -> _Slot:
         while True:
-            for arena in self.arenas:
-                if arena.dedicated:
-                    continue
-                off = arena.alloc(size)
-                if off is not None:
-                    return _Slot(arena, off, size, arena.region.buf[off : off + size])
-            want = (
-                self.arena_bytes if size <= self.arena_bytes else (size + (1 << 20) - 1) >> 20 << 20
-            )
-            if self.total() + want <= self.max_bytes or not self.arenas:
-                arena = _Arena(
-                    ShmRegion.create(want, prefix="fs3-staging"), dedicated=size > self.arena_bytes
-                )
-                self.arenas.append(arena)
-                off = arena.alloc(size)
-                assert off is not None
-                return _Slot(arena, off, size, arena.region.buf[off : off + size])
+            slot = self.try_alloc(size)
+            if slot is not None:
+                return slot
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiters.append(fut)
             await fut
@@ -671,6 +677,15 @@ class ShmClientTransport(ClientTransport):
     def _check_open(self) -> None:
         if self._closed:
             raise FsError(Code.INVALID_ARGUMENT, "shm transport is closed", errno=_errno.EBADF)
+
+    def staging_buffer(self, size: int) -> tuple[memoryview, Callable[[], None]] | None:
+        """A slot of the staging arenas: :meth:`write_ref` finds it in place (no copy)."""
+        if self._closed or size <= 0 or size > self._staging.arena_bytes:
+            return None
+        slot = self._staging.try_alloc(size)
+        if slot is None:
+            return None
+        return slot.view, functools.partial(self._staging.free, slot)
 
     # -- refs ---------------------------------------------------------------------
 

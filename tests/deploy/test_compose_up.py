@@ -55,7 +55,7 @@ CLUSTER_FILE = ROOT / "deploy" / "compose.local.cluster"
 # Every 127.0.0.1 port deploy/compose.local.yml listens on (metrics use free ports).
 PORTS = [17001, 17002, 17101, 17102, 17201, 17202, 17203, 17211, 17212, 17213]
 LONG_RUNNING = ["mgmtd1", "mgmtd2", "meta1", "meta2", "storage1", "storage2", "storage3", "fuse"]
-ONE_SHOT = ["fdb-init", "chain-table"]
+ONE_SHOT = ["fdb-init", "credentials", "chain-table"]
 VICTIM = "storage1"
 VICTIM_NODE = "storage-1"
 SEED = 20
@@ -322,7 +322,7 @@ def _mount_lines() -> list[str]:
 
 @pytest.mark.timeout(1200)
 def test_compose_up_kill_storage_restart_down(
-    stack: Stack, capsys: pytest.CaptureFixture[str]
+    stack: Stack, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     st = stack
     rng = random.Random(SEED)
@@ -347,6 +347,20 @@ def test_compose_up_kill_storage_restart_down(
             if svc not in ONE_SHOT
         ]
         assert all(info["HostConfig"]["NetworkMode"] == "host" for info in cs.values())
+
+        # the host's client: a user token (acting as root) made with the admin credential
+        # inside the mgmtd container, and the cluster CA (every TCP connection is TLS)
+        token = (
+            st.exec(
+                "mgmtd1", "fs3 admin --cluster /etc/fs3/fs3.cluster user add host --uid 0 --gid 0"
+            )
+            .decode()
+            .strip()
+        )
+        ca = st.tmp / "ca.pem"
+        ca.write_bytes(st.exec("mgmtd1", "cat /etc/fs3/security/tls/ca.pem"))
+        monkeypatch.setenv("FS3_TOKEN", token)
+        monkeypatch.setenv("FS3_RPC_TLS_CA", str(ca))
 
         # 3. files through the FUSE container and through the Python API from the host
         files: dict[str, bytes] = {}

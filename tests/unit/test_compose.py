@@ -353,7 +353,7 @@ def test_every_fs3_command_accepts_its_options(name: str, argv: list[str]) -> No
     help_argv = argv[1:2]
     positional = [a for a in argv[2:] if not a.startswith("-")]
     # a subcommand (admin create-chain-table, cluster probe) comes right after the options before it
-    subcmds = {"create-chain-table", "probe"}
+    subcmds = {"create-chain-table", "probe", "credentials"}
     help_argv += [a for a in positional if a in subcmds]
     r = subprocess.run(
         [sys.executable, "-m", "fs3.cli.main", *help_argv, "--help"],

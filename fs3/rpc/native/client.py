@@ -136,7 +136,11 @@ class ClientConnection(FrameReceiver):
             _keepalive(sock)
         wire.size_unix_send_buffer(sock, self.channel.write_buffer_bytes)
         transport.set_write_buffer_limits(high=self.channel.write_buffer_bytes)
-        transport.write(wire.PREFACE)
+        token = self.channel.token
+        if token:  # the credential, checked once per connection (fs3.rpc.auth)
+            transport.write(wire.PREFACE + wire.pack(wire.AUTH, wire.HAS_MESSAGE, 0, 0, 0, token))
+        else:
+            transport.write(wire.PREFACE)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail_all(_unavailable(self.channel.address, f"connection lost ({exc or 'closed'})"))
@@ -436,8 +440,14 @@ class NativeChannel:
         max_message_bytes: int = 256 << 20,
         max_payload_bytes: int = 64 << 20,
         write_buffer_bytes: int = 4 << 20,
+        token: str = "",
+        ssl: Any = None,
+        server_hostname: str = "fs3",
     ) -> None:
         self.address = address
+        self.token = token.encode("ascii")  # sent in the AUTH frame ("" = none)
+        self.ssl = ssl  # a client SSLContext for TCP (same-host Unix sockets need none)
+        self.server_hostname = server_hostname
         self.socket_dir = socket_dir
         self.prefer_uds = prefer_uds
         self.max_inflight_calls = max_inflight_calls
@@ -535,7 +545,11 @@ class NativeChannel:
             host, _, port = self.address.rpartition(":")
             try:
                 _t, proto = await loop.create_connection(
-                    lambda: ClientConnection(self), host.strip("[]"), int(port)
+                    lambda: ClientConnection(self),
+                    host.strip("[]"),
+                    int(port),
+                    ssl=self.ssl,
+                    server_hostname=self.server_hostname if self.ssl is not None else None,
                 )
             except (OSError, ValueError) as e:
                 raise _unavailable(self.address, f"cannot connect: {e}") from None

@@ -46,6 +46,7 @@ from fs3.proto import common_pb2
 from fs3.rpc.native import wire
 from fs3.rpc.native.methods import BY_ID, Method, service_methods
 from fs3.rpc.native.wire import (
+    AUTH,
     CALL,
     CANCEL,
     END,
@@ -128,10 +129,13 @@ class NativeContext:
     reach both through :mod:`fs3.rpc.bulk`, which also works on gRPC contexts.
     """
 
-    __slots__ = ("payload", "reply_payload", "_detail", "_deadline", "peer_name")
+    __slots__ = ("payload", "reply_payload", "_detail", "_deadline", "peer_name", "principal")
 
-    def __init__(self, payload: wire.Payload | None, deadline: float | None, peer: str) -> None:
+    def __init__(
+        self, payload: wire.Payload | None, deadline: float | None, peer: str, principal: Any = None
+    ) -> None:
         self.payload = payload
+        self.principal = principal  # the connection's (fs3.rpc.auth.Principal; None: no AUTH)
         self.reply_payload: Any = None
         self._detail: bytes | None = None
         self._deadline = deadline
@@ -307,6 +311,9 @@ class ServerConnection(FrameReceiver):
         self._closed = False
         self._relay: GrpcRelay | None = None
         self.peer = "unknown peer"
+        self.principal: Any = None  # set by the AUTH frame (fs3.rpc.auth)
+        self._authing = False  # its check is running: no call is read before it ends
+        self._frames = 0
 
     # -- asyncio ------------------------------------------------------------------
 
@@ -416,8 +423,11 @@ class ServerConnection(FrameReceiver):
         body: bytes | memoryview,
         payload: wire.Payload | None,
     ) -> None:
+        self._frames += 1
         if kind == CALL:
             self._start_call(flags, method_id, request_id, timeout_ms, body, payload)
+        elif kind == AUTH:
+            self._authenticate(bytes(body))
         elif kind == MESSAGE:
             call = self._calls.get(request_id)
             if call is None:
@@ -441,6 +451,36 @@ class ServerConnection(FrameReceiver):
                 call.task.cancel()
         else:
             raise ProtocolViolation(f"a client sent a {wire.KIND_NAMES[kind]} frame")
+
+    def _authenticate(self, token: bytes) -> None:
+        """Check the connection's credential before reading any call (one task per connection)."""
+        if self._frames != 1:
+            raise ProtocolViolation("AUTH is only allowed as the first frame")
+        auth = self.server.auth
+        if auth is None:
+            return  # this server does not authenticate
+        self._authing = True
+        self._update_reading()
+        self._loop.create_task(self._check_auth(auth, token))
+
+    async def _check_auth(self, auth: Any, token: bytes) -> None:
+        try:
+            self.principal = await auth.authenticate(token)
+        except FsError as e:
+            if e.code == Code.UNAUTHENTICATED:
+                log.warning("refused credential from %s: %s", self.peer, e.message)
+                self.auth_error = e  # every call of this connection is answered with it
+            else:  # could not check (user records unreachable): the client reconnects
+                log.warning("cannot check the credential of %s: %s", self.peer, e.message)
+                self._close()
+        except Exception as e:  # never crash on a credential
+            log.warning("cannot check the credential of %s: %s", self.peer, e)
+            self._close()
+        finally:
+            self._authing = False
+            self._update_reading()
+
+    auth_error: FsError | None = None
 
     def _decode(self, method: Method, body: bytes | memoryview) -> Any:
         try:
@@ -479,7 +519,8 @@ class ServerConnection(FrameReceiver):
         size = len(body) if payload is None else len(body) + wire.payload_len(payload)
         deadline = self._loop.time() + timeout_ms / 1000.0 if timeout_ms else None
         call = _Call(method, size, deadline)
-        ctx = NativeContext(payload, deadline, self.peer)
+        # a refused AUTH: every call of the connection is answered with the reason
+        ctx = NativeContext(payload, deadline, self.peer, self.auth_error or self.principal)
         if not method.client_streaming and not method.server_streaming:
             self._start_unary(rid, call, handler(request, ctx), ctx)
             return
@@ -687,7 +728,8 @@ class ServerConnection(FrameReceiver):
         if t is None or self._closed:
             return
         pause = (
-            self._write_paused
+            self._authing
+            or self._write_paused
             or len(self._calls) >= self._lim.max_inflight_calls
             or self._inflight_bytes >= self._lim.max_inflight_bytes
         )
@@ -788,8 +830,9 @@ class GrpcRelay:
 class NativeServer:
     """Native listeners (TCP and Unix) for a set of servicers."""
 
-    def __init__(self, limits: Limits | None = None) -> None:
+    def __init__(self, limits: Limits | None = None, auth: Any = None) -> None:
         self.limits = limits or Limits()
+        self.auth = auth  # fs3.rpc.auth.Authenticator; None: calls are not authenticated
         self.handlers: dict[int, tuple[Method, Callable[..., Any]]] = {}
         self.grpc_relay_path = ""
         self._servers: list[asyncio.AbstractServer] = []
@@ -806,9 +849,12 @@ class NativeServer:
     def _factory(self) -> ServerConnection:
         return ServerConnection(self)
 
-    async def listen_socket(self, sock: socket.socket) -> None:
+    async def listen_socket(self, sock: socket.socket, ssl: Any = None) -> None:
+        """Serve TCP on ``sock`` (``ssl``: a server SSLContext, fs3.rpc.auth.server_ssl_context)."""
         loop = asyncio.get_running_loop()
-        self._servers.append(await loop.create_server(self._factory, sock=sock, backlog=1024))
+        self._servers.append(
+            await loop.create_server(self._factory, sock=sock, backlog=1024, ssl=ssl)
+        )
 
     async def listen_unix(self, path: str) -> None:
         loop = asyncio.get_running_loop()

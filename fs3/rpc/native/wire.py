@@ -1,7 +1,8 @@
 """The native frame format and the buffered receiver both ends share.
 
-A connection starts with the client's 8-byte :data:`PREFACE`; after it both
-directions carry frames::
+A connection starts with the client's 8-byte :data:`PREFACE` and, when the
+client has a credential, one ``AUTH`` frame (checked once per connection, see
+``fs3.rpc.auth``); after it both directions carry frames::
 
     header (28 bytes, little endian)
       u8  kind         CALL | MESSAGE | HALF_CLOSE | REPLY | END | ERROR | CANCEL
@@ -56,8 +57,9 @@ REPLY = 4  # server -> client: the unary response (ends the call)
 END = 5  # server -> client: a response stream ended well (ends the call)
 ERROR = 6  # server -> client: the call failed; body = common.ErrorDetail (ends the call)
 CANCEL = 7  # client -> server: abandon the call, answer nothing
+AUTH = 8  # client -> server, first frame only: body = the caller's token (fs3.rpc.auth)
 
-KINDS = frozenset({CALL, MESSAGE, HALF_CLOSE, REPLY, END, ERROR, CANCEL})
+KINDS = frozenset({CALL, MESSAGE, HALF_CLOSE, REPLY, END, ERROR, CANCEL, AUTH})
 KIND_NAMES = {
     CALL: "CALL",
     MESSAGE: "MESSAGE",
@@ -66,6 +68,7 @@ KIND_NAMES = {
     END: "END",
     ERROR: "ERROR",
     CANCEL: "CANCEL",
+    AUTH: "AUTH",
 }
 
 HAS_MESSAGE = 0x01

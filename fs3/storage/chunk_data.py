@@ -1,0 +1,529 @@
+"""Chunk data-file store: spare pool, copy-on-write staging, O_DIRECT writes, verified reads.
+
+The data half of the chunk engine (:mod:`fs3.storage.chunk_engine` composes it
+with the metadata store of :mod:`fs3.storage.chunk_meta`). One file per chunk
+version under ``<root>/data/XX/``; which file is a chunk's committed version
+is decided by the metadata store, never here.
+
+**Which methods may run on the event loop.** :meth:`path` and
+:meth:`spare_files` (memory only), and :meth:`read`/:meth:`read_into` of small
+ranges (a page-cache ``pread``; the storage operator inlines reads up to
+``operator.INLINE_READ_MAX``). Everything else may block on the disk
+(``fsync``, file creation, large copies) and runs in the node's I/O threads.
+The only lock here, ``_lock``, guards the spare list and the file counter and
+is never held across disk I/O; ``_spare_lock`` (one batch of spare files
+created at a time) is taken by I/O threads only.
+
+Errors: an ``OSError`` becomes an FsError by its errno (:func:`os_error`):
+ENOSPC/EDQUOT are NO_SPACE, everything else INTERNAL with the errno kept
+(EIO/EROFS take the target offline, see ``Replicator.note_disk_error``).
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno as _errno
+import fcntl
+import os
+import secrets
+import struct
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+import crc32c as _crc32c
+
+from fs3.durable import fsync_dir, makedirs_durably
+from fs3.errors import Code, FsError
+from fs3.storage.chunk_meta import no_space
+from fs3.transport.region import buffer_address
+
+SPARE_BATCH = 32  # empty data files created (and their directory fsync'd) at a time
+_DIRECT_ALIGN = 4096
+
+
+def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
+    """CRC32C (Castagnoli) of ``data``, C-accelerated."""
+    return int(_crc32c.crc32c(data, value))
+
+
+def pack_crcs(crcs: Iterable[int]) -> bytes:
+    lst = list(crcs)
+    return struct.pack(f"<{len(lst)}I", *lst)
+
+
+def unpack_crcs(blob: bytes) -> tuple[int, ...]:
+    return struct.unpack(f"<{len(blob) // 4}I", blob)
+
+
+def block_crcs(data: bytes | bytearray | memoryview, block: int) -> bytes:
+    mv = memoryview(data)
+    return pack_crcs(crc32c(mv[i : i + block]) for i in range(0, len(mv), block))
+
+
+def os_error(e: OSError, what: str) -> FsError:
+    """The FsError for a failed system call, by errno."""
+    if e.errno in (_errno.ENOSPC, _errno.EDQUOT):
+        return no_space(what)
+    return FsError(Code.INTERNAL, f"{what}: {e}", errno=e.errno or _errno.EIO)
+
+
+def page_aligned(data: bytes | bytearray | memoryview) -> bool:
+    """True if ``data`` starts on a page and is a whole number of pages (O_DIRECT rules)."""
+    if len(data) % _DIRECT_ALIGN:
+        return False
+    try:
+        addr, _n = buffer_address(data)
+    except FsError:
+        return False
+    return addr % _DIRECT_ALIGN == 0
+
+
+def checksum_mismatch(what: str) -> FsError:
+    return FsError(Code.CHECKSUM_MISMATCH, what, retryable=False)
+
+
+class ChunkDataStore:
+    """The data files of one target.
+
+    Args:
+        data_dir: ``<target>/data`` (created, durably when ``fsync``).
+        fsync: make staged data durable (``fdatasync``) and new directories' entries.
+        block_size: checksum block size (reads verify whole blocks).
+        reserved_bytes: refuse growth when the disk would drop below this many free bytes.
+        direct_write: write whole new chunk versions with ``O_DIRECT`` when the payload is
+            page aligned (with ``fsync`` only): the kernel then DMAs from the payload (e.g. the
+            client's shared memory) instead of copying it into the page cache.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        fsync: bool,
+        block_size: int,
+        reserved_bytes: int = 0,
+        direct_write: bool = False,
+    ) -> None:
+        self.dir = data_dir
+        if fsync:
+            # every new level fsync'd into its parent: a power cut must not drop the target
+            makedirs_durably(self.dir)
+        else:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        self._prefix = str(self.dir) + os.sep
+        self.fsync = fsync
+        self.block_size = block_size
+        self.reserved_bytes = reserved_bytes
+        self.direct_write = direct_write and fsync and hasattr(os, "O_DIRECT")
+        self.direct_writes = 0  # chunk versions written with O_DIRECT (tests, metrics)
+        self._lock = threading.Lock()  # guards _spares, _seq, _spare_round (no I/O under it)
+        self._nonce = secrets.token_hex(4)
+        self._seq = 0
+        self._spares: builtins.list[str] = []  # pre-created empty data files, dir entry durable
+        self._spare_lock = threading.Lock()  # one batch creation at a time (I/O threads)
+        self._spare_round = 0
+
+    # -- files
+
+    def path(self, rel: str) -> str:
+        return self._prefix + rel  # plain concatenation: this is on every read
+
+    def sweep_orphans(self, live: set[str]) -> None:
+        """Delete data files not in ``live`` (left by a crash before their row committed)."""
+        for sub in self.dir.iterdir():
+            if not sub.is_dir():
+                continue
+            for f in sub.iterdir():
+                if f"{sub.name}/{f.name}" not in live:
+                    f.unlink(missing_ok=True)
+
+    def new_file(self) -> str:
+        """A fresh, empty data file whose directory entry is already durable.
+
+        Why a pool: a chunk version lives in a new file (copy-on-write), and a new
+        file's directory entry must be on disk before the metadata row naming it
+        commits. Creating spare files in batches of ``SPARE_BATCH`` and fsyncing
+        their directory once per batch takes that directory fsync off the write
+        path (one fsync per batch instead of one per write); the staged data
+        itself is made durable by the ``fdatasync`` of the file (which also covers
+        its size). Unused spares are ordinary orphans: deleted at start-up.
+        """
+        with self._lock:
+            if self._spares:
+                return self._spares.pop()
+        with self._spare_lock:
+            with self._lock:
+                if self._spares:
+                    return self._spares.pop()
+            made = self._make_spares(SPARE_BATCH)
+            with self._lock:
+                rel = made.pop()
+                self._spares.extend(made)
+            return rel
+
+    def _make_spares(self, count: int) -> builtins.list[str]:
+        with self._lock:
+            self._spare_round += 1
+            sub = f"{(self._spare_round * 37) & 0xFF:02x}"
+            first = self._seq + 1
+            self._seq += count
+        d = self.dir / sub
+        made: builtins.list[str] = []
+        try:
+            if not d.is_dir():
+                d.mkdir(exist_ok=True)
+                if self.fsync:
+                    fsync_dir(self.dir)
+            for seq in range(first, first + count):
+                rel = f"{sub}/{self._nonce}{seq:x}"
+                os.close(os.open(self.path(rel), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                made.append(rel)
+            if self.fsync:
+                fsync_dir(d)
+        except OSError as e:
+            for rel in made:
+                self.unlink(rel)
+            raise os_error(e, f"create data files in {d}") from None
+        return made
+
+    def spare_files(self) -> set[str]:
+        """Names of the pre-created empty data files not yet handed out (tests, fsck)."""
+        with self._lock:
+            return set(self._spares)
+
+    def drop_spares(self) -> None:
+        with self._lock:
+            spares, self._spares = self._spares, []
+        for rel in spares:
+            self.unlink(rel)
+
+    def unlink(self, rel: str) -> None:
+        try:
+            os.unlink(self.path(rel))
+        except FileNotFoundError:
+            pass
+
+    def check_room(self, growth: int) -> None:
+        """Raise NO_SPACE if growing by ``growth`` bytes would eat into the reserve (a statvfs)."""
+        if growth <= 0:
+            return
+        st = os.statvfs(self.dir)
+        free = st.f_bavail * st.f_frsize
+        if free - growth < self.reserved_bytes:
+            raise no_space(
+                f"target {self.dir.parent}: {free} bytes free, need {growth} "
+                f"(+{self.reserved_bytes} reserved)"
+            )
+
+    def capacity(self) -> tuple[int, int]:
+        """(capacity, free) bytes of the disk holding the data files."""
+        st = os.statvfs(self.dir)
+        return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+
+    # -- staging (I/O threads)
+
+    def _open_for_write(self, rel: str, what: str, direct: bool) -> tuple[int, bool]:
+        """Open a data file for writing: (fd, whether O_DIRECT took)."""
+        try:
+            try:
+                return os.open(self.path(rel), os.O_WRONLY | (os.O_DIRECT if direct else 0)), direct
+            except OSError as e:
+                if not direct or e.errno != _errno.EINVAL:
+                    raise
+                # a file system without O_DIRECT (tmpfs)
+                return os.open(self.path(rel), os.O_WRONLY), False
+        except OSError as e:
+            raise os_error(e, f"create chunk file for {what}") from None
+
+    def write_version(
+        self,
+        rel: str,
+        what: str,
+        data: bytes | bytearray | memoryview,
+        offset: int,
+        *,
+        copy_from: str = "",
+        copy_len: int = 0,
+        new_len: int,
+        sparse_to: int = 0,
+        direct: bool = False,
+        sync: bool = True,
+        fresh: bool = True,
+    ) -> None:
+        """Write a chunk version into ``rel``: the old version's first ``copy_len`` bytes
+        (copy-on-write, in the kernel), a zero gap up to ``sparse_to``, ``data`` at
+        ``offset``, then size the file to ``new_len`` and (``sync``) fdatasync it.
+
+        ``direct``: try ``O_DIRECT`` (falls back to buffered where the file system or the
+        alignment refuses it). ``fresh``: ``rel`` is a new file, deleted on failure.
+        """
+        length = len(data)
+        fd, direct = self._open_for_write(rel, what, direct)
+        try:
+            try:
+                if copy_len:
+                    self.copy_prefix(copy_from, fd, copy_len)
+                if sparse_to:
+                    os.ftruncate(fd, sparse_to)  # zero-fill the gap (sparse)
+                mv = memoryview(data)
+                done = 0
+                while done < length:
+                    try:
+                        done += os.pwrite(fd, mv[done:], offset + done)
+                    except OSError as e:
+                        if not direct or e.errno != _errno.EINVAL:
+                            raise
+                        # the file system refused this alignment: plain buffered write
+                        direct = False
+                        fcntl.fcntl(
+                            fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT
+                        )
+                if direct:
+                    self.direct_writes += 1
+                if fresh and os.fstat(fd).st_size < new_len:
+                    os.ftruncate(fd, new_len)
+                if sync and self.fsync:
+                    os.fdatasync(fd)
+            except OSError as e:
+                if fresh:
+                    self.unlink(rel)
+                raise os_error(e, f"write chunk {what}") from None
+            except BaseException:
+                if fresh:
+                    self.unlink(rel)
+                raise
+        finally:
+            os.close(fd)
+
+    def extend_version(
+        self, rel: str, what: str, copy_from: str, copy_len: int, length: int
+    ) -> None:
+        """Write into the new file ``rel`` the old version's first ``copy_len`` bytes,
+        zero-filled (and, with fsync, really allocated) to ``length``; fdatasync it."""
+        fd, _ = self._open_for_write(rel, what, False)
+        try:
+            try:
+                if copy_len:
+                    self.copy_prefix(copy_from, fd, copy_len)
+                os.ftruncate(fd, length)
+                if self.fsync:
+                    try:
+                        os.posix_fallocate(fd, 0, length)  # really reserve the space now
+                    except OSError as e:
+                        if e.errno in (_errno.ENOSPC, _errno.EDQUOT):
+                            raise
+                    os.fdatasync(fd)
+            except OSError as e:
+                self.unlink(rel)
+                raise os_error(e, f"extend chunk {what}") from None
+        finally:
+            os.close(fd)
+
+    def sync(self, rel: str, what: str) -> None:
+        """fdatasync the data file ``rel``.
+
+        After a failed fsync the page cache state is unknown, so the error keeps its
+        errno (EIO takes the target out of service).
+        """
+        if not self.fsync or not rel:
+            return
+        try:
+            fd = os.open(self.path(rel), os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise FsError(
+                Code.INTERNAL, f"sync staged chunk {what}: {e}", errno=e.errno or _errno.EIO
+            ) from None
+
+    def copy_prefix(self, src_rel: str, dst_fd: int, length: int) -> None:
+        """Copy the first ``length`` bytes of ``src_rel`` into ``dst_fd`` in the kernel."""
+        if length <= 0 or not src_rel:
+            return
+        src = os.open(self.path(src_rel), os.O_RDONLY)
+        try:
+            off_in, off_out, left = 0, 0, length
+            try:
+                while left > 0:
+                    n = os.copy_file_range(src, dst_fd, left, off_in, off_out)
+                    if n == 0:
+                        break
+                    off_in += n
+                    off_out += n
+                    left -= n
+            except OSError as e:
+                if e.errno not in (_errno.EXDEV, _errno.ENOSYS, _errno.EOPNOTSUPP, _errno.EINVAL):
+                    raise
+                while left > 0:  # fallback: buffered copy
+                    buf = os.pread(src, min(left, 1 << 20), off_in)
+                    if not buf:
+                        break
+                    os.pwrite(dst_fd, buf, off_out)
+                    off_in += len(buf)
+                    off_out += len(buf)
+                    left -= len(buf)
+            if left > 0:
+                raise FsError(
+                    Code.INTERNAL, f"chunk file {src_rel} shorter than its committed length"
+                )
+        finally:
+            os.close(src)
+
+    # -- reads (small ones may run on the event loop)
+
+    def read_file(self, rel: str, offset: int, length: int) -> bytes:
+        """Raw bytes of a data file (no verification: staging and checksumming use it)."""
+        if length <= 0 or not rel:
+            return b""
+        fd = os.open(self.path(rel), os.O_RDONLY)
+        try:
+            return os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+
+    def _open_committed(self, rel: str, what: str) -> int | None:
+        """Open a committed version's file for reading; None if it is gone (superseded)."""
+        try:
+            return os.open(self.path(rel), os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise os_error(e, f"open chunk {what}") from None
+
+    def read_verified(
+        self,
+        rel: str,
+        what: str,
+        crcs: bytes,
+        length: int,
+        offset: int,
+        end: int,
+        *,
+        nowait: bool = False,
+    ) -> bytes | None:
+        """Bytes [offset, end) of a committed version of ``length`` bytes, every covering
+        checksum block verified against ``crcs``; None if the file is gone (superseded).
+
+        ``nowait``: only from the page cache (``RWF_NOWAIT``), else ``BlockingIOError``
+        (an event-loop caller then reads in a thread instead of stalling).
+        """
+        bs = self.block_size
+        start = offset // bs * bs
+        stop = min(length, -(-end // bs) * bs)
+        fd = self._open_committed(rel, what)
+        if fd is None:
+            return None
+        try:
+            if nowait:
+                buf = _pread_nowait(fd, stop - start, start)
+            else:
+                buf = os.pread(fd, stop - start, start)
+        except BlockingIOError:
+            raise
+        except OSError as e:
+            raise os_error(e, f"read chunk {what}") from None
+        finally:
+            os.close(fd)
+        if len(buf) != stop - start:
+            raise checksum_mismatch(f"chunk {what}: data file truncated")
+        blocks = unpack_crcs(crcs)
+        mv = memoryview(buf)
+        for i in range(start // bs, -(-stop // bs)):
+            lo = i * bs - start
+            if i >= len(blocks) or crc32c(mv[lo : lo + bs]) != blocks[i]:
+                raise checksum_mismatch(f"chunk {what}: checksum mismatch in block {i}")
+        if start == offset and stop == end:
+            return buf
+        return bytes(mv[offset - start : end - start])
+
+    def read_verified_into(
+        self,
+        rel: str,
+        what: str,
+        crcs: bytes,
+        offset: int,
+        end: int,
+        dest: memoryview,
+        *,
+        nowait: bool = False,
+    ) -> int | None:
+        """``preadv`` [offset, end) straight into ``dest`` and verify the blocks there
+        (``nowait``: as for :meth:`read_verified`).
+
+        The caller checked that the range starts and ends on checksum blocks (or at the
+        chunk's end). Returns the byte count, or None if the file is gone (superseded).
+        """
+        fd = self._open_committed(rel, what)
+        if fd is None:
+            return None
+        n = end - offset
+        view = dest[:n]
+        try:
+            done = 0
+            while done < n:
+                if nowait:
+                    k = _preadv_nowait(fd, view[done:], offset + done)
+                else:
+                    k = os.preadv(fd, [view[done:]], offset + done)
+                if k == 0:
+                    break
+                done += k
+        except BlockingIOError:
+            raise
+        except OSError as e:
+            raise os_error(e, f"read chunk {what}") from None
+        finally:
+            os.close(fd)
+        if done != n:
+            raise checksum_mismatch(f"chunk {what}: data file truncated")
+        bs = self.block_size
+        blocks = unpack_crcs(crcs)
+        first = offset // bs
+        for i in range(first, -(-end // bs)):
+            lo = (i - first) * bs
+            if i >= len(blocks) or crc32c(view[lo : lo + bs]) != blocks[i]:
+                raise checksum_mismatch(f"chunk {what}: checksum mismatch in block {i}")
+        return n
+
+
+_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+
+
+def _preadv_nowait(fd: int, view: memoryview, offset: int) -> int:
+    """``preadv(RWF_NOWAIT)``: bytes already in the page cache, or ``BlockingIOError``.
+
+    A short answer (part of the range cached) and a file system without
+    ``RWF_NOWAIT`` also raise ``BlockingIOError``: the caller reads in a thread.
+    """
+    if not _NOWAIT:
+        raise BlockingIOError(_errno.EAGAIN, "RWF_NOWAIT not available")
+    try:
+        n = os.preadv(fd, [view], offset, _NOWAIT)
+    except OSError as e:
+        if e.errno in (_errno.EAGAIN, _errno.EOPNOTSUPP, _errno.EINVAL):
+            raise BlockingIOError(_errno.EAGAIN, "not in the page cache") from None
+        raise
+    if 0 < n < len(view):
+        raise BlockingIOError(_errno.EAGAIN, "partly in the page cache")
+    return n
+
+
+def _pread_nowait(fd: int, length: int, offset: int) -> bytes:
+    buf = bytearray(length)
+    n = _preadv_nowait(fd, memoryview(buf), offset)
+    return bytes(memoryview(buf)[:n])  # small (inline reads only): the copy is cheap
+
+
+__all__ = [
+    "SPARE_BATCH",
+    "ChunkDataStore",
+    "block_crcs",
+    "crc32c",
+    "os_error",
+    "pack_crcs",
+    "page_aligned",
+    "unpack_crcs",
+]
