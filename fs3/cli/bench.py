@@ -1079,7 +1079,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--cluster", help="cluster file: bench the Python API (fs3.connect) instead of a mount"
     )
     p.add_argument(
-        "--transport", choices=["grpc", "tcp", "shm"], help="Python API transport (with --cluster)"
+        "--transport",
+        choices=["auto", "grpc", "tcp", "shm"],
+        help="Python API transport (with --cluster)",
     )
     p.add_argument(
         "--usrbio",

@@ -144,7 +144,7 @@ class ClusterSpec:
     meta: int = 2
     mgmtd: int = 2
     kv: str = "sqlite"
-    transport: str = "grpc"
+    transport: str = "auto"
     rpc: str = "native"  # [rpc] transport of every process: native | grpc
     fdb_cluster_file: str = "/etc/foundationdb/fdb.cluster"
     base_port: int = 0  # 0: free ports outside the kernel's ephemeral range
@@ -167,7 +167,10 @@ class ClusterSpec:
             "so there cannot be more replicas than storage nodes)",
         )
         need(self.kv in {"sqlite", "fdb"}, "--kv must be sqlite or fdb")
-        need(self.transport in {"grpc", "tcp", "shm"}, "--transport must be grpc, tcp or shm")
+        need(
+            self.transport in {"auto", "grpc", "tcp", "shm"},
+            "--transport must be auto, grpc, tcp or shm",
+        )
         need(self.rpc in {"native", "grpc"}, "--rpc must be native or grpc")
         need(
             self.base_port == 0 or 1024 <= self.base_port <= 65000,
@@ -1798,7 +1801,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--mgmtd", type=int)
     up.add_argument("--kv", choices=["sqlite", "fdb"])
     up.add_argument("--fdb-cluster-file", help="FoundationDB cluster file for --kv fdb")
-    up.add_argument("--transport", choices=["grpc", "tcp", "shm"])
+    up.add_argument("--transport", choices=["auto", "grpc", "tcp", "shm"])
     up.add_argument(
         "--rpc", choices=["native", "grpc"], help="RPC transport of every process (default native)"
     )

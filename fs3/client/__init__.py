@@ -35,7 +35,7 @@ def connect(
         cluster_file: the cluster file (``<id>@host:port,...``); default
             ``[cluster] cluster_file`` of ``config``, then ``$FS3_CLUSTER_FILE``.
         uid, gid: identity for permission checks (default: this process's).
-        transport: ``grpc`` | ``tcp`` | ``shm`` (default: ``config.transport.kind``).
+        transport: ``auto`` | ``grpc`` | ``tcp`` | ``shm`` (default: ``config.transport.kind``).
         config: a :class:`fs3.config.ClientConfig` (default: defaults + env overrides).
     """
     from fs3.client.file_api import Client

@@ -8,7 +8,8 @@
   Each write/truncate/remove piece gets an update channel and sequence number
   (3FS ``UpdateChannelAllocator``) that it keeps across retries, so a retry of
   an update whose answer was lost is applied once by the storage targets.
-* Reads go to a random SERVING replica (spreading load over replicas); a
+* Reads go to the least-loaded SERVING replica (fewest of this client's reads
+  in flight, random among equals: load spreads over every replica's disk); a
   replica that fails or returns bytes whose CRC32C does not match is skipped
   and another one is tried. A missing chunk (``CHUNK_NOT_FOUND``) or a chunk
   shorter than the requested range is a hole: zeros, up to the file length the
@@ -22,8 +23,9 @@
   servers without the stream. A broken stream fails its pending reads with a
   retryable error and is reopened on the next read.
 * Payloads move through the configured :class:`~fs3.transport.base.ClientTransport`
-  (inline gRPC bytes, framed TCP, or shared memory), except that over the native
-  RPC transport every kind but shm sends them as the frame's bulk payload
+  (inline gRPC bytes or shared memory), except that over the native RPC
+  transport every I/O the transport does not move one-sided
+  (:meth:`~fs3.transport.base.ClientTransport.one_sided`) sends them as the frame's bulk payload
   (``frame`` DataRefs): a write's bytes go out from the caller's buffer, a
   batch's read bytes are received straight into each read's destination
   (scattered by the answer's per-io lengths), on the ReadStream as on the
@@ -39,7 +41,7 @@ import itertools
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import crc32c
 
@@ -53,11 +55,13 @@ from fs3.security.capability import CapabilitySource
 from fs3.transport.base import (
     DONE,
     ClientTransport,
+    DataRef,
     ReadCompletion,
     _noop_complete,
     batch_read_scatter,
     frame_ref,
     is_inline,
+    scatter_views,
 )
 
 log = logging.getLogger("fs3.client.storage")
@@ -97,10 +101,15 @@ _TRY_OTHER_REPLICA = frozenset(
 
 MAX_CHANNELS = 65535
 
+_T = TypeVar("_T")
+
 # bytes asked for per batch: an answer's bulk payload stays far below the native
 # transport's payload limit ([rpc] max_payload_bytes, 64 MiB by default) and the
 # server's per-request limit (fs3.limits.MAX_READ_BATCH_BYTES); a larger piece goes alone
 MAX_BATCH_READ_BYTES = 16 << 20
+
+# a read of read_many: (inode, chains, chunk size, file offset, destination, file length)
+ReadRequest = tuple[int, Sequence[int], int, int, "memoryview | bytearray", int]
 
 # a queued read: (io, timeout, its future, its destination when io.dest is a frame ref)
 _Queued = tuple[
@@ -285,12 +294,12 @@ class NodeReadStream:
         self._reader = asyncio.create_task(self._read_loop(), name=f"fs3-read-stream-{address}")
 
     def _layout(self, body: bytes | memoryview, length: int) -> list[memoryview] | None:
-        rid = storage_pb2.BatchReadResponse.FromString(bytes(body)).request_id
-        entry = self._layouts.get(rid)
+        resp = storage_pb2.BatchReadResponse.FromString(bytes(body))  # parsed once per answer
+        entry = self._layouts.get(resp.request_id)
         if entry is None:  # given up on (timeout): the bytes are dropped
             return None
         ios, dests, laid = entry
-        return batch_read_scatter(ios, dests, laid)(body, length)
+        return scatter_views(ios, dests, resp, length, laid)
 
     async def _send(self, req: storage_pb2.BatchReadRequest) -> None:
         """Write ``req`` now, or queue it behind the write in progress (which sends it)."""
@@ -472,8 +481,8 @@ class StorageClient:
         # Reads travel on one ReadStream per node (NodeReadStream); BatchRead is the
         # fallback for servers without it (and for use_read_streams=False).
         self.use_read_streams = use_read_streams
-        # chunk bytes as the native frame's payload (not for shm: one-sided is cheaper)
-        self._frames = pool.carries_payload and transport.kind != "shm"
+        # reads in flight from this client per target (the least-loaded replica serves a read)
+        self._target_load: dict[int, int] = {}
         self._streams: dict[str, NodeReadStream] = {}
         self._no_stream: set[str] = set()
         # Where chunk capabilities come from (fs3/security/capability.py): the client's
@@ -495,6 +504,10 @@ class StorageClient:
             s = storage_pb2_grpc.StorageServiceStub(self._pool.get(address))  # type: ignore[no-untyped-call]
             self._stubs[address] = s
         return s
+
+    def stub(self, address: str) -> storage_pb2_grpc.StorageServiceStub:
+        """The StorageService stub of the node at ``address`` (tools, tests: raw calls)."""
+        return self._stub(address)
 
     def _batcher(self, address: str) -> ReadBatcher:
         """The read batcher of one storage node (reads to it in one loop turn share an RPC)."""
@@ -588,6 +601,24 @@ class StorageClient:
             except FsError as e:
                 log.debug("routing refresh failed: %s", e)
 
+    async def _retry(self, attempt: Callable[[int], Awaitable[_T]], what: str) -> _T:
+        """``attempt`` under the retry policy, refreshing routing after routing errors.
+
+        The first attempt runs bare: the retry loop (its deadline, a wrapper per
+        attempt) is set up only once that failed, so the common I/O that succeeds
+        at once (every 4 KiB read of a batch) pays nothing for it.
+        """
+        run = _routing_lag_retried(attempt)
+        try:
+            return await attempt(1)
+        except FsError as e:
+            if not e.retryable and e.code not in _STALE_ROUTING:
+                raise
+            await self._on_error(e, 1)
+        return await retrying(
+            lambda n: run(n + 1), self._policy, what=what, on_error=self._on_error
+        )
+
     def _timeout(self, deadline: Deadline) -> float:
         return max(0.05, min(self._policy.rpc_timeout_s, deadline.remaining()))
 
@@ -669,7 +700,7 @@ class StorageClient:
 
     async def _write_piece(
         self, inode: int, chunk_size: int, p: ChunkPiece, data: memoryview
-    ) -> None:
+    ) -> storage_pb2.IOResult:
         checksum = crc32c.crc32c(data)
         channel, seq = await self._channels.acquire()
         tag = self._tag(channel, seq)
@@ -682,7 +713,7 @@ class StorageClient:
                 head, node, version = self._head(self._routing(), p.chain_id)
                 token = await self._cap(inode, True)
                 bulk: memoryview | None = None
-                if self._frames:
+                if self._pool.carries_payload and not self.transport.one_sided(node.address, data):
                     bulk, ref, sent = data, frame_ref(len(data)), DONE
                 else:
                     ref, sent = await self.transport.write_ref(
@@ -730,14 +761,30 @@ class StorageClient:
                     )
                 return resp
 
-            await retrying(
-                attempt,
-                self._policy,
-                what=f"write chunk {inode}:{p.index}",
-                on_error=self._on_error,
-            )
+            resp = await self._retry(attempt, f"write chunk {inode}:{p.index}")
+            return resp.result
         finally:
             await self._channels.release(channel)
+
+    async def write_chunk(
+        self,
+        inode: int,
+        chain_id: int,
+        index: int,
+        chunk_size: int,
+        offset: int,
+        data: memoryview | bytes | bytearray,
+    ) -> storage_pb2.IOResult:
+        """Chunk-level write (tools, tests): ``data`` at ``offset`` of chunk ``index``.
+
+        The same path as :meth:`write`; returns the head's result (commit
+        version, chunk length and checksum after the write).
+        """
+        mv = memoryview(data).cast("B")
+        p = ChunkPiece(
+            index, chain_id, offset, len(mv), buf_offset=0, file_offset=0
+        )  # no file here
+        return await self._write_piece(inode, chunk_size, p, mv)
 
     # ------------------------------------------------------------------ read
 
@@ -765,46 +812,110 @@ class StorageClient:
         )
         return n
 
-    async def _read_piece(self, inode: int, p: ChunkPiece, dest: memoryview) -> None:
+    async def _read_piece(
+        self,
+        inode: int,
+        p: ChunkPiece,
+        dest: memoryview,
+        *,
+        target_id: int = 0,
+        holes: bool = True,
+    ) -> storage_pb2.ReadResult:
+        """Read one chunk piece into ``dest``, retrying on another replica when one fails.
+
+        The replica is the least-loaded serving one (fewest of this client's
+        reads in flight to it, ties broken at random), so a sequential reader
+        with read-ahead keeps every replica's disk busy instead of queueing on
+        one. ``target_id`` pins the replica (chunk-level callers comparing
+        replicas); then a replica-level failure is raised, not retried
+        elsewhere. With ``holes`` a missing chunk or short chunk reads as zeros
+        (file semantics); without, ``CHUNK_NOT_FOUND`` is raised and the result
+        says how many bytes the chunk had.
+        """
         deadline = Deadline(self._policy.deadline_s)
         bad: set[int] = set()  # replicas that failed this piece
 
-        async def attempt(n: int) -> None:
+        async def attempt(n: int) -> storage_pb2.ReadResult:
             if n > 1:
                 self.stats["read_retries"] += 1
             routing = self._routing()
             with _stale_routing_is_retryable():
                 chain = routing.chain(p.chain_id)
-                serving = routing.serving_targets(p.chain_id)
-                if not serving:
-                    raise FsError(
-                        Code.TARGET_NOT_SERVING,
-                        f"chain {p.chain_id} has no serving target",
-                        retryable=True,
-                    )
-                candidates = [t for t in serving if t not in bad] or serving
-                if len(candidates) == len(serving) and bad:
-                    bad.clear()  # every replica failed once: start over
-                target = self._rng.choice(candidates)
+                if target_id:
+                    target = target_id
+                else:
+                    serving = routing.serving_targets(p.chain_id)
+                    if not serving:
+                        raise FsError(
+                            Code.TARGET_NOT_SERVING,
+                            f"chain {p.chain_id} has no serving target",
+                            retryable=True,
+                        )
+                    candidates = [t for t in serving if t not in bad] or serving
+                    if len(candidates) == len(serving) and bad:
+                        bad.clear()  # every replica failed once: start over
+                    target = self._least_loaded(candidates)
                 node = routing.node_of_target(target)
             token = await self._cap(inode, False)
+            load = self._target_load
+            load[target] = load.get(target, 0) + 1
             try:
-                await self._read_once(
-                    inode, p, dest, node, target, int(chain.version), deadline, token
+                return await self._read_once(
+                    inode, p, dest, node, target, int(chain.version), deadline, holes, token
                 )
             except FsError as e:
                 if e.code in _CAP_ERRORS:
                     raise self._cap_refused(inode, token, e, n) from None
+                if target_id:
+                    if e.code == Code.CHECKSUM_MISMATCH:  # the pinned replica is bad: say so
+                        raise FsError(e.code, e.message, errno=e.errno) from e
+                    raise
                 if e.code in _TRY_OTHER_REPLICA:
                     bad.add(target)
                     if e.code == Code.CHECKSUM_MISMATCH or e.code == Code.INTERNAL:
                         # Another replica may be fine: retry at once (still bounded by the deadline).
                         raise FsError(e.code, e.message, errno=e.errno, retryable=True) from e
                 raise
+            finally:
+                left = load[target] - 1
+                if left:
+                    load[target] = left
+                else:
+                    del load[target]
 
-        await retrying(
-            attempt, self._policy, what=f"read chunk {inode}:{p.index}", on_error=self._on_error
-        )
+        return await self._retry(attempt, f"read chunk {inode}:{p.index}")
+
+    def _least_loaded(self, candidates: Sequence[int]) -> int:
+        """The candidate with the fewest reads in flight from this client (random among equals)."""
+        if len(candidates) == 1:
+            return candidates[0]
+        load = self._target_load
+        low = min(load.get(t, 0) for t in candidates)
+        best = [t for t in candidates if load.get(t, 0) == low]
+        return best[0] if len(best) == 1 else self._rng.choice(best)
+
+    async def read_chunk(
+        self,
+        inode: int,
+        chain_id: int,
+        index: int,
+        offset: int,
+        dest: memoryview | bytearray,
+        *,
+        target_id: int = 0,
+    ) -> storage_pb2.ReadResult:
+        """Chunk-level read: committed bytes of chunk ``index`` from ``offset`` into ``dest``.
+
+        For tools and tests that address chunks, not files: the same batching,
+        transport and retries as :meth:`read`, but a missing chunk raises
+        ``CHUNK_NOT_FOUND`` and a short chunk is not zero-filled (the result's
+        ``length`` says how many bytes came). ``target_id`` pins the replica.
+        """
+        mv = memoryview(dest).cast("B")
+        p = ChunkPiece(
+            index, chain_id, offset, len(mv), buf_offset=0, file_offset=0
+        )  # no file here
+        return await self._read_piece(inode, p, mv, target_id=target_id, holes=False)
 
     async def _read_once(
         self,
@@ -815,9 +926,32 @@ class StorageClient:
         target: int,
         version: int,
         deadline: Deadline,
+        holes: bool = True,
         token: bytes = b"",
-    ) -> None:
-        frame = self._frames
+    ) -> storage_pb2.ReadResult:
+        fut, ref, complete = await self._submit_read(
+            inode, p, dest, node, target, version, self._timeout(deadline), token
+        )
+        return await self._read_result(inode, p, dest, target, await fut, ref, complete, holes)
+
+    async def _submit_read(
+        self,
+        inode: int,
+        p: ChunkPiece,
+        dest: memoryview,
+        node: Any,
+        target: int,
+        version: int,
+        timeout_s: float,
+        token: bytes = b"",
+    ) -> tuple[asyncio.Future[storage_pb2.ReadResult], DataRef | None, ReadCompletion]:
+        """Queue one chunk read on its node's batcher; (its answer, its ref or None for a frame, completion).
+
+        The bytes travel one-sided (shm: the server writes dest itself) when the
+        transport can for this node and buffer, else as the frame's payload
+        received straight into dest (native RPC), else inline (gRPC).
+        """
+        frame = self._pool.carries_payload and not self.transport.one_sided(node.address, dest)
         complete: ReadCompletion = _noop_complete
         if frame:
             ref = frame_ref(len(dest))
@@ -834,13 +968,25 @@ class StorageClient:
             capability=token,
         )
         # One BatchRead per node per loop turn carries every read issued meanwhile (see ReadBatcher).
-        r = await self._batcher(node.address).submit(
-            io, self._timeout(deadline), dest if frame else None
-        )
+        fut = self._batcher(node.address).submit(io, timeout_s, dest if frame else None)
+        return fut, None if frame else ref, complete
+
+    async def _read_result(
+        self,
+        inode: int,
+        p: ChunkPiece,
+        dest: memoryview,
+        target: int,
+        r: storage_pb2.ReadResult,
+        ref: DataRef | None,
+        complete: ReadCompletion,
+        holes: bool,
+    ) -> storage_pb2.ReadResult:
+        """Check one answer and finish its bytes in ``dest`` (holes as zeros with ``holes``)."""
         if r.error.code:
-            if r.error.code == Code.CHUNK_NOT_FOUND:
+            if r.error.code == Code.CHUNK_NOT_FOUND and holes:
                 dest[:] = bytes(len(dest))  # a hole
-                return
+                return r
             raise FsError(
                 r.error.code,
                 r.error.message,
@@ -852,7 +998,7 @@ class StorageClient:
             raise FsError(
                 Code.INTERNAL, f"replica returned {got} bytes for a {len(dest)}-byte read"
             )
-        if is_inline(ref):
+        if ref is not None and is_inline(ref):
             if len(r.data) != got:
                 raise FsError(
                     Code.TRANSPORT,
@@ -860,7 +1006,7 @@ class StorageClient:
                     retryable=True,
                 )
             dest[:got] = r.data
-        elif not frame:  # frame: the bytes were received into dest with the answer
+        elif ref is not None:  # a frame's bytes were received into dest with the answer
             await complete(got)
         if self.verify_read_checksums and got and crc32c.crc32c(dest[:got]) != r.checksum:
             self.stats["checksum_errors"] += 1
@@ -869,8 +1015,77 @@ class StorageClient:
                 f"chunk {inode}:{p.index} from target {target}: checksum mismatch",
                 retryable=True,
             )
-        if got < len(dest):
+        if got < len(dest) and holes:
             dest[got:] = bytes(len(dest) - got)  # short chunk: the rest is a hole
+        return r
+
+    async def read_many(self, reads: Sequence[ReadRequest]) -> list[int | BaseException]:
+        """Several file reads at once (a USRBIO ring batch); one result per read:
+        the byte count (as :meth:`read`) or that read's own exception.
+
+        Why: with 64 reads of 4 KiB in flight the per-read Python work is the
+        cost. A read inside one chunk is queued straight on its node's batcher
+        (no task, no retry-loop setup per read) and every answer is awaited
+        together; a read that spans chunks, or whose first try fails, takes the
+        full :meth:`read` path (replica failover, retries) on its own.
+        """
+        out: list[int | BaseException] = [0] * len(reads)
+        queued: list[tuple[int, ChunkPiece, memoryview, int, Any, Any, ReadCompletion]] = []
+        slow: dict[int, Awaitable[int]] = {}
+        routing = self._routing()
+        load = self._target_load
+        timeout_s = min(self._policy.rpc_timeout_s, self._policy.deadline_s)
+        for i, (inode, chains, chunk_size, offset, dest, file_length) in enumerate(reads):
+            mv = memoryview(dest).cast("B")
+            n = max(0, min(len(mv), file_length - offset))
+            if n == 0:
+                continue
+            index = offset // chunk_size
+            if (offset + n - 1) // chunk_size != index:
+                slow[i] = self.read(inode, chains, chunk_size, offset, mv, file_length)
+                continue
+            chain_id = chain_of(chains, index)
+            p = ChunkPiece(index, chain_id, offset - index * chunk_size, n, 0, offset)
+            try:
+                with _stale_routing_is_retryable():
+                    version = int(routing.chain(chain_id).version)
+                    serving = routing.serving_targets(chain_id)
+                    if not serving:
+                        raise FsError(Code.TARGET_NOT_SERVING, "no serving target", retryable=True)
+                    target = self._least_loaded(serving)
+                    node = routing.node_of_target(target)
+                token = await self._cap(inode, False)
+                fut, ref, complete = await self._submit_read(
+                    inode, p, mv[:n], node, target, version, timeout_s, token
+                )
+            except FsError:
+                slow[i] = self.read(inode, chains, chunk_size, offset, mv, file_length)
+                continue
+            load[target] = load.get(target, 0) + 1
+            queued.append((i, p, mv[:n], target, fut, ref, complete))
+        if queued:
+            await asyncio.gather(*(q[4] for q in queued), return_exceptions=True)
+        for i, p, view, target, fut, ref, complete in queued:
+            left = load[target] - 1
+            if left:
+                load[target] = left
+            else:
+                del load[target]
+            try:
+                if fut.cancelled():
+                    raise FsError(Code.CANCELLED, "read cancelled", retryable=True)
+                await self._read_result(
+                    reads[i][0], p, view, target, fut.result(), ref, complete, True
+                )
+                out[i] = p.length
+            except FsError:  # the full path decides: another replica, retries, or this error
+                inode, chains, chunk_size, offset, dest, file_length = reads[i]
+                slow[i] = self.read(inode, chains, chunk_size, offset, dest, file_length)
+        if slow:
+            got = await asyncio.gather(*slow.values(), return_exceptions=True)
+            for i, r in zip(slow, got, strict=True):
+                out[i] = r
+        return out
 
     # ------------------------------------------------------------------ truncate / remove
 
@@ -949,6 +1164,21 @@ class StorageClient:
             ]
         )
 
+    async def truncate_chunk(
+        self,
+        inode: int,
+        chain_id: int,
+        index: int,
+        length: int,
+        chunk_size: int,
+        *,
+        only_extend: bool = False,
+    ) -> None:
+        """Chunk-level truncate (``only_extend``: zero-extend, never shrink) on every replica."""
+        await self._truncate_chunk(
+            inode, chain_id, chunk_size, index, length, only_extend=only_extend
+        )
+
     async def _remove_on_chain(self, inode: int, chain_id: int, begin: int, end: int = 0) -> int:
         total = 0
         while True:
@@ -990,12 +1220,7 @@ class StorageClient:
                     raise self._cap_refused(inode, token, _item_error(r.error), n)
                 return int(r.removed), bool(r.more)
 
-            return await retrying(
-                attempt,
-                self._policy,
-                what=f"remove chunks {inode} on chain {chain_id}",
-                on_error=self._on_error,
-            )
+            return await self._retry(attempt, f"remove chunks {inode} on chain {chain_id}")
         finally:
             await self._channels.release(channel)
 
@@ -1041,16 +1266,51 @@ class StorageClient:
                 if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
                     raise self._cap_refused(inode, token, _item_error(r.error), n)
 
-            await retrying(
-                attempt,
-                self._policy,
-                what=f"truncate chunk {inode}:{index}",
-                on_error=self._on_error,
-            )
+            await self._retry(attempt, f"truncate chunk {inode}:{index}")
         finally:
             await self._channels.release(channel)
 
     # ------------------------------------------------------------------ length
+
+    async def query_last_chunk(self, inode: int, chain_id: int) -> storage_pb2.QueryLastChunkResult:
+        """The last chunk of ``inode`` on one chain, as the chain's tail sees it (committed data)."""
+        deadline = Deadline(self._policy.deadline_s)
+
+        async def attempt(n: int) -> storage_pb2.QueryLastChunkResult:
+            token = await self._cap(inode, False)
+            routing = self._routing()
+            with _stale_routing_is_retryable():
+                chain = routing.chain(chain_id)
+                serving = routing.serving_targets(chain_id)
+                if not serving:
+                    raise FsError(
+                        Code.TARGET_NOT_SERVING,
+                        f"chain {chain_id} has no serving target",
+                        retryable=True,
+                    )
+                node = routing.node_of_target(serving[-1])  # the tail holds only committed data
+            req = storage_pb2.QueryLastChunkRequest(
+                ops=[
+                    storage_pb2.QueryLastChunkOp(
+                        chain_id=chain_id,
+                        chain_version=int(chain.version),
+                        range=storage_pb2.ChunkRange(inode=inode, begin=0, end=0),
+                        capability=token,
+                    )
+                ]
+            )
+            resp = await call(
+                self._stub(node.address).QueryLastChunk,
+                req,
+                timeout=self._timeout(deadline),
+                what=f"storage.QueryLastChunk@{node.address}",
+            )
+            r = resp.results[0]
+            if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
+                raise self._cap_refused(inode, token, _item_error(r.error), n)
+            return r
+
+        return await self._retry(attempt, f"query length {inode} on chain {chain_id}")
 
     async def query_length(self, inode: int, chains: Sequence[int], chunk_size: int) -> int:
         """File length as storage sees it: max over chains of last chunk end.
@@ -1059,53 +1319,24 @@ class StorageClient:
         """
 
         async def one(chain_id: int) -> int:
-            deadline = Deadline(self._policy.deadline_s)
-
-            async def attempt(n: int) -> int:
-                token = await self._cap(inode, False)
-                routing = self._routing()
-                with _stale_routing_is_retryable():
-                    chain = routing.chain(chain_id)
-                    serving = routing.serving_targets(chain_id)
-                    if not serving:
-                        raise FsError(
-                            Code.TARGET_NOT_SERVING,
-                            f"chain {chain_id} has no serving target",
-                            retryable=True,
-                        )
-                    node = routing.node_of_target(serving[-1])  # the tail holds only committed data
-                req = storage_pb2.QueryLastChunkRequest(
-                    ops=[
-                        storage_pb2.QueryLastChunkOp(
-                            chain_id=chain_id,
-                            chain_version=int(chain.version),
-                            range=storage_pb2.ChunkRange(inode=inode, begin=0, end=0),
-                            capability=token,
-                        )
-                    ]
-                )
-                resp = await call(
-                    self._stub(node.address).QueryLastChunk,
-                    req,
-                    timeout=self._timeout(deadline),
-                    what=f"storage.QueryLastChunk@{node.address}",
-                )
-                r = resp.results[0]
-                if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
-                    raise self._cap_refused(inode, token, _item_error(r.error), n)
-                if not r.found:
-                    return 0
-                return int(r.last_index) * chunk_size + int(r.last_length)
-
-            return await retrying(
-                attempt,
-                self._policy,
-                what=f"query length {inode} on chain {chain_id}",
-                on_error=self._on_error,
-            )
+            r = await self.query_last_chunk(inode, chain_id)
+            if not r.found:
+                return 0
+            return int(r.last_index) * chunk_size + int(r.last_length)
 
         lengths = await self._bounded([one(c) for c in dict.fromkeys(chains)])
         return max(lengths, default=0)
+
+    async def list_chunks(self, target_id: int) -> list[storage_pb2.ChunkMeta]:
+        """Every chunk's metadata on one target (tools and tests comparing replicas)."""
+        node = self._routing().node_of_target(target_id)
+        resp = await call(
+            self._stub(node.address).ListChunks,
+            storage_pb2.ListChunksRequest(target_id=target_id),
+            timeout=self._policy.rpc_timeout_s,
+            what=f"storage.ListChunks@{node.address}",
+        )
+        return list(resp.metas)
 
 
 def _item_error(e: Any) -> FsError:
@@ -1126,18 +1357,36 @@ def _frame_bytes(
     )
 
 
+_STALE_ROUTING = frozenset({Code.UNKNOWN_CHAIN, Code.UNKNOWN_TARGET, Code.UNKNOWN_NODE})
+
+
 @contextlib.contextmanager
 def _stale_routing_is_retryable() -> Iterator[None]:
     """A chain/target/node missing from *our* routing means it is stale: refresh and retry."""
     try:
         yield
     except FsError as e:
-        if (
-            e.code in (Code.UNKNOWN_CHAIN, Code.UNKNOWN_TARGET, Code.UNKNOWN_NODE)
-            and not e.retryable
-        ):
+        if e.code in _STALE_ROUTING and not e.retryable:
             raise FsError(e.code, e.message, retryable=True) from None
         raise
+
+
+def _routing_lag_retried(
+    attempt: Callable[[int], Awaitable[_T]],
+) -> Callable[[int], Awaitable[_T]]:
+    """``attempt`` with UNKNOWN_CHAIN/TARGET/NODE made retryable, ours or the server's.
+
+    A storage node refuses a chain it does not know yet when its routing lags
+    the client's (a chain table just created, a target just moved); like a
+    chain version mismatch that clears once routing settles, so it is retried
+    (after a refresh, :data:`_ROUTING_ERRORS`) until the deadline.
+    """
+
+    async def run(n: int) -> _T:
+        with _stale_routing_is_retryable():
+            return await attempt(n)
+
+    return run
 
 
 async def _settle(sent: Awaitable[None]) -> None:

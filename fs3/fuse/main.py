@@ -31,7 +31,7 @@ Lifecycle:
   same loop.
 
 ``-o`` options: keys of the ``[fuse]`` config section (``-o attr_timeout_s=5``),
-``transport=grpc|tcp|shm``, and anything else is handed to libfuse/the
+``transport=auto|grpc|tcp|shm``, and anything else is handed to libfuse/the
 kernel mount (``ro``, ``noatime``, ``max_read=N`` ...). The kernel-cache keys
 (``attr_timeout_s``, ``entry_timeout_s``, ``dir_entry_timeout_s``,
 ``negative_timeout_s``) default to JuiceFS's mount defaults (1 s, 1 s, 1 s,

@@ -1140,9 +1140,10 @@ class UsrbioBackend:
     async def read_batch(self, ios: list[tuple[int, int, memoryview]]) -> list[int | BaseException]:
         """Every read of one ring batch started together (see fs3.usrbio.agent).
 
-        The reads start together on the client's loop (the agent's own loop:
-        no crossing), so its read batcher sends them to each storage node as
-        one request. Each result is the byte count or that read's own exception.
+        The reads go out together on the client's loop (the agent's own loop:
+        no crossing; ``readinto_many``: no task per read), so its read batcher
+        sends them to each storage node as one request. Each result is the byte
+        count or that read's own exception.
         """
         out: list[int | BaseException | None] = [None] * len(ios)
         todo: list[tuple[int, OpenFile, int, memoryview]] = []
@@ -1156,11 +1157,8 @@ class UsrbioBackend:
                 await self.ops._settle(of.ist)
             todo.append((i, of, off, dest))
         if todo:
-            client = self.ops.client
-
-            got = await asyncio.gather(
-                *(client.readinto(of.h, off, dest) for _, of, off, dest in todo),
-                return_exceptions=True,
+            got = await self.ops.client.readinto_many(
+                [(of.h, off, dest) for _, of, off, dest in todo]
             )
             for (i, _, _, _), r in zip(todo, got, strict=True):
                 out[i] = r

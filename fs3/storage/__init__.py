@@ -11,6 +11,5 @@ Modules (3FS's adapter → operator → store layering):
 - ``resync``: the predecessor side of recovering a SYNCING successor.
 - ``target``: targets, chunk locks, local-state rules.
 - ``chunk_engine``: ``ChunkEngine`` ABC and ``FileChunkEngine`` (COW files + SQLite metadata).
-- ``direct_client``: a minimal chunk-level client (tests, benchmarks).
 - ``metrics``: ``fs3_storage_*`` Prometheus metrics.
 """

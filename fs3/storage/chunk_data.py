@@ -394,10 +394,22 @@ class ChunkDataStore:
             raise os_error(e, f"open chunk {what}") from None
 
     def read_verified(
-        self, rel: str, what: str, crcs: bytes, length: int, offset: int, end: int
+        self,
+        rel: str,
+        what: str,
+        crcs: bytes,
+        length: int,
+        offset: int,
+        end: int,
+        *,
+        nowait: bool = False,
     ) -> bytes | None:
         """Bytes [offset, end) of a committed version of ``length`` bytes, every covering
-        checksum block verified against ``crcs``; None if the file is gone (superseded)."""
+        checksum block verified against ``crcs``; None if the file is gone (superseded).
+
+        ``nowait``: only from the page cache (``RWF_NOWAIT``), else ``BlockingIOError``
+        (an event-loop caller then reads in a thread instead of stalling).
+        """
         bs = self.block_size
         start = offset // bs * bs
         stop = min(length, -(-end // bs) * bs)
@@ -405,7 +417,12 @@ class ChunkDataStore:
         if fd is None:
             return None
         try:
-            buf = os.pread(fd, stop - start, start)
+            if nowait:
+                buf = _pread_nowait(fd, stop - start, start)
+            else:
+                buf = os.pread(fd, stop - start, start)
+        except BlockingIOError:
+            raise
         except OSError as e:
             raise os_error(e, f"read chunk {what}") from None
         finally:
@@ -423,9 +440,18 @@ class ChunkDataStore:
         return bytes(mv[offset - start : end - start])
 
     def read_verified_into(
-        self, rel: str, what: str, crcs: bytes, offset: int, end: int, dest: memoryview
+        self,
+        rel: str,
+        what: str,
+        crcs: bytes,
+        offset: int,
+        end: int,
+        dest: memoryview,
+        *,
+        nowait: bool = False,
     ) -> int | None:
-        """``preadv`` [offset, end) straight into ``dest`` and verify the blocks there.
+        """``preadv`` [offset, end) straight into ``dest`` and verify the blocks there
+        (``nowait``: as for :meth:`read_verified`).
 
         The caller checked that the range starts and ends on checksum blocks (or at the
         chunk's end). Returns the byte count, or None if the file is gone (superseded).
@@ -438,10 +464,15 @@ class ChunkDataStore:
         try:
             done = 0
             while done < n:
-                k = os.preadv(fd, [view[done:]], offset + done)
+                if nowait:
+                    k = _preadv_nowait(fd, view[done:], offset + done)
+                else:
+                    k = os.preadv(fd, [view[done:]], offset + done)
                 if k == 0:
                     break
                 done += k
+        except BlockingIOError:
+            raise
         except OSError as e:
             raise os_error(e, f"read chunk {what}") from None
         finally:
@@ -456,6 +487,34 @@ class ChunkDataStore:
             if i >= len(blocks) or crc32c(view[lo : lo + bs]) != blocks[i]:
                 raise checksum_mismatch(f"chunk {what}: checksum mismatch in block {i}")
         return n
+
+
+_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+
+
+def _preadv_nowait(fd: int, view: memoryview, offset: int) -> int:
+    """``preadv(RWF_NOWAIT)``: bytes already in the page cache, or ``BlockingIOError``.
+
+    A short answer (part of the range cached) and a file system without
+    ``RWF_NOWAIT`` also raise ``BlockingIOError``: the caller reads in a thread.
+    """
+    if not _NOWAIT:
+        raise BlockingIOError(_errno.EAGAIN, "RWF_NOWAIT not available")
+    try:
+        n = os.preadv(fd, [view], offset, _NOWAIT)
+    except OSError as e:
+        if e.errno in (_errno.EAGAIN, _errno.EOPNOTSUPP, _errno.EINVAL):
+            raise BlockingIOError(_errno.EAGAIN, "not in the page cache") from None
+        raise
+    if 0 < n < len(view):
+        raise BlockingIOError(_errno.EAGAIN, "partly in the page cache")
+    return n
+
+
+def _pread_nowait(fd: int, length: int, offset: int) -> bytes:
+    buf = bytearray(length)
+    n = _preadv_nowait(fd, memoryview(buf), offset)
+    return bytes(memoryview(buf)[:n])  # small (inline reads only): the copy is cheap
 
 
 __all__ = [

@@ -180,14 +180,18 @@ class ChunkEngine(abc.ABC):
         """Drop the staged update of ``key`` (if any) and its private file."""
 
     @abc.abstractmethod
-    def read(self, key: ChunkKey, offset: int, length: int) -> tuple[ChunkMeta, bytes]:
+    def read(
+        self, key: ChunkKey, offset: int, length: int, *, nowait: bool = False
+    ) -> tuple[ChunkMeta, bytes]:
         """Read committed bytes [offset, offset+length) (short past the end), verified.
 
-        Raises CHUNK_NOT_FOUND or CHECKSUM_MISMATCH.
+        Raises CHUNK_NOT_FOUND or CHECKSUM_MISMATCH. ``nowait``: raise
+        ``BlockingIOError`` instead of waiting for the disk (the event loop calls
+        with it; an engine that cannot tell may simply always raise it).
         """
 
     def read_into(
-        self, key: ChunkKey, offset: int, length: int, dest: memoryview
+        self, key: ChunkKey, offset: int, length: int, dest: memoryview, *, nowait: bool = False
     ) -> tuple[ChunkMeta, int] | None:
         """Like :meth:`read` but straight into ``dest``; None if this engine/range cannot (use read)."""
         return None
@@ -515,7 +519,15 @@ class FileChunkEngine(ChunkEngine):
 
     # -- reads
 
-    def read(self, key: ChunkKey, offset: int, length: int) -> tuple[ChunkMeta, bytes]:
+    def read(
+        self, key: ChunkKey, offset: int, length: int, *, nowait: bool = False
+    ) -> tuple[ChunkMeta, bytes]:
+        """Committed bytes [offset, offset+length), their checksum blocks verified.
+
+        ``nowait``: only from the page cache (``RWF_NOWAIT``); raises
+        ``BlockingIOError`` when the bytes would have to come from the disk, so an
+        event-loop caller can hand the read to a thread instead of stalling.
+        """
         if offset < 0 or length < 0:
             raise invalid("negative offset or length")
         meta = self.get(key)
@@ -525,17 +537,21 @@ class FileChunkEngine(ChunkEngine):
         if end <= offset:
             return meta, b""
         buf = self.data.read_verified(
-            meta.file, str(key), meta.block_crcs, meta.length, offset, end
+            meta.file, str(key), meta.block_crcs, meta.length, offset, end, nowait=nowait
         )
         if buf is None:
             # Superseded between get() and open(): read the newer version.
-            return self.read(key, offset, length) if self.get(key) != meta else self._missing(meta)
+            if self.get(key) != meta:
+                return self.read(key, offset, length, nowait=nowait)
+            return self._missing(meta)
         return meta, buf
 
     def read_into(
-        self, key: ChunkKey, offset: int, length: int, dest: memoryview
+        self, key: ChunkKey, offset: int, length: int, dest: memoryview, *, nowait: bool = False
     ) -> tuple[ChunkMeta, int] | None:
         """Read committed bytes [offset, offset+length) straight into ``dest``, verified in place.
+
+        ``nowait``: as for :meth:`read` (``BlockingIOError`` if not all cached).
 
         The zero-copy read path (shm destinations, i.e. USRBIO): ``preadv`` lands
         the file pages directly in the client's region and the block CRCs are
@@ -557,10 +573,12 @@ class FileChunkEngine(ChunkEngine):
         bs = self.block_size
         if offset % bs or (end % bs and end != meta.length):
             return None
-        n = self.data.read_verified_into(meta.file, str(key), meta.block_crcs, offset, end, dest)
+        n = self.data.read_verified_into(
+            meta.file, str(key), meta.block_crcs, offset, end, dest, nowait=nowait
+        )
         if n is None:
             return (
-                self.read_into(key, offset, length, dest)
+                self.read_into(key, offset, length, dest, nowait=nowait)
                 if self.get(key) != meta
                 else self._missing(meta)
             )

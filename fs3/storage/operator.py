@@ -47,7 +47,9 @@ log = logging.getLogger("fs3.storage.operator")
 READ_STREAM_MAX_INFLIGHT = 64
 # Bytes of one ReadStream's requests being read or waiting to be sent, together.
 READ_STREAM_MAX_BYTES = 4 * MAX_READ_BATCH_BYTES
-INLINE_READ_MAX = 64 << 10  # reads up to this size run on the event loop (page-cache preads)
+INLINE_READ_MAX = (
+    64 << 10
+)  # reads up to this size try the page cache on the event loop (RWF_NOWAIT)
 _ALL = 0xFFFFFFFF
 
 
@@ -114,6 +116,14 @@ def read_bytes_asked(req: storage_pb2.BatchReadRequest) -> int:
 def check_op_count(ops: Any, what: str) -> None:
     if len(ops) > MAX_CHUNK_OPS:
         raise invalid(f"{what} of {len(ops)} ops exceeds {MAX_CHUNK_OPS}")
+
+
+@functools.cache
+def _read_metrics(target_id: int) -> tuple[Any, Any, Any]:
+    """A target's read counters and the read latency histogram (a ``labels()``
+    lookup per read costs more than the read of a cached 4 KiB block)."""
+    tid = str(target_id)
+    return M.OPS.labels(tid, "read", "ok"), M.BYTES.labels(tid, "read"), M.LATENCY.labels("read")
 
 
 def error_detail(e: FsError) -> common_pb2.ErrorDetail:
@@ -443,9 +453,15 @@ class StorageOperator:
                     self._count_read(t, n, started)
                     return res
                 if io.length <= INLINE_READ_MAX:
-                    # small reads: one pread of <= 2 checksum blocks, cheaper inline than a thread hop
+                    # small reads from the page cache: cheaper inline than a thread hop; one
+                    # that needs the disk goes to a thread so the loop (and the other reads
+                    # of the batch, which then reach the disk together) never waits for it
                     try:
-                        meta, data = t.engine.read(key, io.offset, io.length)
+                        meta, data = t.engine.read(key, io.offset, io.length, nowait=True)
+                    except BlockingIOError:
+                        meta, data = await self.rep.run_blocking(
+                            t.engine.read, key, io.offset, io.length
+                        )
                     except FsError as e:
                         self.rep.note_disk_error(t.engine.read, e)
                         raise
@@ -479,9 +495,10 @@ class StorageOperator:
 
     @staticmethod
     def _count_read(t: StorageTarget, n: int, started: float) -> None:
-        M.OPS.labels(str(t.target_id), "read", "ok").inc()
-        M.BYTES.labels(str(t.target_id), "read").inc(n)
-        M.LATENCY.labels("read").observe(time.perf_counter() - started)
+        ops, nbytes, latency = _read_metrics(t.target_id)
+        ops.inc()
+        nbytes.inc(n)
+        latency.observe(time.perf_counter() - started)
 
     async def _read_direct(
         self, t: StorageTarget, key: ChunkKey, io: storage_pb2.ReadIO
@@ -503,9 +520,15 @@ class StorageOperator:
         try:
             if len(view) < io.length:
                 return None
-            if io.length <= INLINE_READ_MAX:
+            if (
+                io.length <= INLINE_READ_MAX
+            ):  # as in _read_one: the page cache inline, else a thread
                 try:
-                    got = t.engine.read_into(key, io.offset, io.length, view)
+                    got = t.engine.read_into(key, io.offset, io.length, view, nowait=True)
+                except BlockingIOError:
+                    got = await self.rep.run_blocking(
+                        t.engine.read_into, key, io.offset, io.length, view
+                    )
                 except FsError as e:
                     self.rep.note_disk_error(t.engine.read_into, e)
                     raise

@@ -32,7 +32,7 @@ from fs3.transport.shm import is_region_error
 def client_transport(
     kind: str, client_id: str, config: Any = None, **kwargs: Any
 ) -> ClientTransport:
-    """A client transport of ``kind`` (grpc | tcp | shm | rdma); tcp is an alias of grpc.
+    """A client transport of ``kind`` (auto | grpc | tcp | shm | rdma); tcp is an alias of grpc.
 
     ``config`` may be a :class:`fs3.config.TransportSection` whose tunables are
     used; ``kwargs`` override them (tests pass short timeouts).
@@ -46,12 +46,16 @@ def client_transport(
         # (the storage clients choose that whenever the RPC is native and the kind
         # is not shm). It stays accepted so existing configs keep working.
         return InlineClientTransport(client_id, kind=kind)
-    if kind == "shm":
-        opts = {}
+    if kind in ("shm", "auto"):
+        opts: dict[str, Any] = {}
         if config is not None:
             opts["staging_arena_bytes"] = config.shm_staging_bytes
             opts["staging_max_bytes"] = config.shm_staging_max_bytes
         opts.update(kwargs)
+        if kind == "auto":
+            from fs3.transport.auto import AutoClientTransport
+
+            return AutoClientTransport(client_id, **opts)
         return ShmClientTransport(client_id, **opts)
     if kind == "rdma":
         from fs3.transport.rdma import rdma_client_transport

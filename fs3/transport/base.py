@@ -11,10 +11,14 @@ payload is. Client and server agree on the bytes through a transport:
 * ``shm`` (:mod:`fs3.transport.shm`): the client registers shared-memory
   regions with each storage node; the DataRef names (region, offset, length)
   and the server reads/writes the region directly (one-sided, like RDMA).
+* ``auto`` (:mod:`fs3.transport.auto`, the default): ``shm`` for buffers in
+  registered regions (USRBIO Iovs) on same-host nodes, the RPC's own path for
+  everything else.
 * ``rdma`` (:mod:`fs3.transport.rdma`): where verbs would go; not shipped.
 
 Whatever the kind, when the RPC itself travels over the native transport
-(``[rpc] transport = "native"``) and the kind is not ``shm``, the storage
+(``[rpc] transport = "native"``) and the transport does not move the bytes
+one-sided (:meth:`ClientTransport.one_sided`), the storage
 client and storage-to-storage forwarding put a ``frame`` DataRef instead: the
 bytes are the bulk payload of the same RPC frame (:mod:`fs3.rpc.bulk`),
 received straight into the destination buffer on either side.
@@ -57,7 +61,7 @@ ShmRef = transport_pb2.ShmRef
 TcpRef = transport_pb2.TcpRef
 FrameRef = transport_pb2.FrameRef
 
-KINDS = ("grpc", "tcp", "shm", "rdma")  # tcp: an alias of grpc (see above)
+KINDS = ("auto", "grpc", "tcp", "shm", "rdma")  # tcp: an alias of grpc (see above)
 
 ReadCompletion = Callable[[int], Awaitable[None]]
 
@@ -130,23 +134,35 @@ def batch_read_scatter(
 
     def layout(body: bytes | memoryview, length: int) -> list[memoryview] | None:
         resp = storage_pb2.BatchReadResponse.FromString(bytes(body))
-        if len(resp.results) != len(ios):
-            return None
-        views: list[memoryview] = []
-        total = 0
-        for io, d, r in zip(ios, dests, resp.results, strict=True):
-            if d is None or r.error.code or not r.length or ref_kind(io.dest) != "frame":
-                continue
-            if r.length > len(d):
-                return None
-            views.append(d[: r.length])
-            total += r.length
-        if total != length:
-            return None
-        laid[0] = True
-        return views
+        return scatter_views(ios, dests, resp, length, laid)
 
     return layout
+
+
+def scatter_views(
+    ios: Sequence[storage_pb2.ReadIO],
+    dests: Sequence[memoryview | None],
+    resp: storage_pb2.BatchReadResponse,
+    length: int,
+    laid: list[bool],
+) -> list[memoryview] | None:
+    """The buffers a parsed BatchRead answer's ``length``-byte payload goes to (see
+    :func:`batch_read_scatter`); None (and ``laid[0]`` unchanged) if it does not fit."""
+    if len(resp.results) != len(ios):
+        return None
+    views: list[memoryview] = []
+    total = 0
+    for io, d, r in zip(ios, dests, resp.results, strict=True):
+        if d is None or r.error.code or not r.length or ref_kind(io.dest) != "frame":
+            continue
+        if r.length > len(d):
+            return None
+        views.append(d[: r.length])
+        total += r.length
+    if total != length:
+        return None
+    laid[0] = True
+    return views
 
 
 def transport_error(message: str) -> FsError:
@@ -196,6 +212,14 @@ class ClientTransport(abc.ABC):
         self, node_address: str, data_address: str, dest: memoryview
     ) -> tuple[transport_pb2.DataRef, ReadCompletion]:
         """Describe ``dest`` (writable) for a read RPC; ``complete(n)`` waits for n bytes in it."""
+
+    def one_sided(self, node_address: str, buf: memoryview) -> bool:
+        """True if the bytes of an I/O on ``buf`` with this node move one-sided (shm).
+
+        Otherwise a caller on the native RPC sends a ``frame`` ref and the bytes
+        as the frame's payload, received straight into ``buf``.
+        """
+        return False
 
     @property
     def regions(self) -> list[ShmRegion]:

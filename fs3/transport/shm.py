@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import errno as _errno
 import functools
+import itertools
 import logging
 import os
 import socket
@@ -585,6 +586,9 @@ class ShmClientTransport(ClientTransport):
         self._closed = False
         self._bg: set[asyncio.Task[None]] = set()
 
+    def one_sided(self, node_address: str, buf: memoryview) -> bool:
+        return True  # every buffer: in place, or staged into an arena
+
     @property
     def regions(self) -> list[ShmRegion]:
         """Regions usable in place: registered ones plus staging arenas."""
@@ -663,7 +667,9 @@ class ShmClientTransport(ClientTransport):
 
     def _locate(self, view: memoryview) -> tuple[ShmRegion, int] | None:
         addr, n = buffer_address(view)
-        for region in self.regions:
+        for region in itertools.chain(
+            self._regions.values(), (a.region for a in self._staging.arenas)
+        ):
             if not region.closed and region.contains(addr, n):
                 return region, addr - region.address
         return None

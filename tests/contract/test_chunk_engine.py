@@ -238,3 +238,31 @@ def test_corruption_detected(engine: ChunkEngine, tmp_path: Path) -> None:
 
     engine.install(ChunkMeta(K, 1, 1, len(good), crc32c(good)), good)
     assert content(engine, K) == good
+
+
+def test_nowait_reads_come_from_the_page_cache_or_refuse(tmp_path: Path) -> None:
+    """``nowait`` (the storage event loop's small reads) never waits for the disk."""
+    e = FileChunkEngine(tmp_path / "t", fsync=True, block_size=4096)
+    try:
+        data = random.Random(7).randbytes(64 << 10)
+        write(e, K, 0, data, 1)
+        meta = e.get(K)
+        assert meta is not None
+        # just written: cached, so served at once and verified like any read
+        assert e.read(K, 4096, 8192, nowait=True)[1] == data[4096 : 4096 + 8192]
+        dest = memoryview(bytearray(4096))
+        got = e.read_into(K, 8192, 4096, dest, nowait=True)
+        assert got is not None and bytes(dest) == data[8192:12288]
+        # evicted (clean pages after the fsync): the disk would be needed, so it refuses
+        fd = os.open(e.data_dir / meta.file, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        with pytest.raises(BlockingIOError):
+            e.read(K, 16384, 4096, nowait=True)
+        with pytest.raises(BlockingIOError):
+            e.read_into(K, 20480, 4096, dest, nowait=True)
+        assert e.read(K, 16384, 4096)[1] == data[16384:20480]  # without nowait: from the disk
+    finally:
+        e.close()

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from fs3.client.chunk_client import ChunkClient
 from fs3.errors import Code, FsError
 from fs3.proto import storage_pb2
 from fs3.routing import SERVING
 from fs3.rpc.channel import call
 from fs3.storage.chunk_engine import ChunkKey, crc32c
-from fs3.storage.direct_client import DirectStorageClient
 from fs3.testing.storage_cluster import InProcessCluster
 
 CS = 64 << 10  # small chunks keep the tests fast
@@ -29,7 +29,7 @@ CS = 64 << 10  # small chunks keep the tests fast
 
 def run(
     tmp_path: Path,
-    body: Callable[[InProcessCluster, DirectStorageClient], Awaitable[None]],
+    body: Callable[[InProcessCluster, ChunkClient], Awaitable[None]],
     *,
     nodes: int = 3,
     replicas: int = 3,
@@ -44,10 +44,10 @@ def run(
             transport=transport,
             forward_retry_s=forward_retry_s,
         )
-        cl: DirectStorageClient | None = None
+        cl: ChunkClient | None = None
         try:
             await c.start()
-            cl = DirectStorageClient(c.admin, transport, retry_deadline_s=20.0)
+            cl = ChunkClient(c.admin, transport, retry_deadline_s=20.0)
             await cl.refresh()
             await body(c, cl)
         finally:
@@ -64,9 +64,7 @@ def corrupt(path: Path, offset: int) -> None:
         f.write(b"\xff\x00\xff")
 
 
-async def replica_metas(
-    c: InProcessCluster, cl: DirectStorageClient, chain: int
-) -> dict[int, list[tuple]]:
+async def replica_metas(c: InProcessCluster, cl: ChunkClient, chain: int) -> dict[int, list[tuple]]:
     r = await cl.refresh()
     out = {}
     for tid in r.chain_targets(chain):
@@ -77,9 +75,7 @@ async def replica_metas(
     return out
 
 
-async def assert_replicas_equal(
-    c: InProcessCluster, cl: DirectStorageClient, chain: int
-) -> list[tuple]:
+async def assert_replicas_equal(c: InProcessCluster, cl: ChunkClient, chain: int) -> list[tuple]:
     metas = await replica_metas(c, cl, chain)
     vals = list(metas.values())
     assert all(v == vals[0] for v in vals), metas
@@ -87,10 +83,10 @@ async def assert_replicas_equal(
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("transport", ["grpc", "tcp", "shm"])
+@pytest.mark.parametrize("transport", ["auto", "grpc", "tcp", "shm"])
 @pytest.mark.parametrize("replicas", [1, 2, 3])
 def test_write_read_every_replica(tmp_path: Path, replicas: int, transport: str) -> None:
-    async def body(c: InProcessCluster, cl: DirectStorageClient) -> None:
+    async def body(c: InProcessCluster, cl: ChunkClient) -> None:
         chain = cl.routing.chains()[0].chain_id
         rng = random.Random(replicas)
         model: dict[int, bytearray] = {}
@@ -123,7 +119,7 @@ def test_write_read_every_replica(tmp_path: Path, replicas: int, transport: str)
 
 @pytest.mark.timeout(60)
 def test_concurrent_writers_one_chunk(tmp_path: Path) -> None:
-    async def body(c: InProcessCluster, cl: DirectStorageClient) -> None:
+    async def body(c: InProcessCluster, cl: ChunkClient) -> None:
         chain = cl.routing.chains()[0].chain_id
         piece = CS // 16
 
@@ -142,7 +138,7 @@ def test_concurrent_writers_one_chunk(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(60)
 def test_refusals_change_nothing(tmp_path: Path) -> None:
-    async def body(c: InProcessCluster, cl: DirectStorageClient) -> None:
+    async def body(c: InProcessCluster, cl: ChunkClient) -> None:
         r = cl.routing
         chain = r.chains()[0].chain_id
         head, second = r.chain_targets(chain)[:2]
@@ -194,7 +190,7 @@ def test_refusals_change_nothing(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(60)
 def test_reads_during_writes_see_committed_versions(tmp_path: Path) -> None:
-    async def body(c: InProcessCluster, cl: DirectStorageClient) -> None:
+    async def body(c: InProcessCluster, cl: ChunkClient) -> None:
         chain = cl.routing.chains()[0].chain_id
         await cl.write(chain, 3, 0, 0, bytes([0]) * CS, chunk_size=CS)
         done = asyncio.Event()
@@ -232,7 +228,7 @@ def test_reads_during_writes_see_committed_versions(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(60)
 def test_retry_with_same_tag_applies_once(tmp_path: Path) -> None:
-    async def body(c: InProcessCluster, cl: DirectStorageClient) -> None:
+    async def body(c: InProcessCluster, cl: ChunkClient) -> None:
         r = cl.routing
         chain = r.chains()[0].chain_id
         head = r.head(chain)
@@ -271,7 +267,7 @@ def test_retry_with_same_tag_applies_once(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(60)
 def test_truncate_remove_and_query_last_chunk(tmp_path: Path) -> None:
-    async def body(c: InProcessCluster, cl: DirectStorageClient) -> None:
+    async def body(c: InProcessCluster, cl: ChunkClient) -> None:
         chain = cl.routing.chains()[0].chain_id
         for i in range(6):
             await cl.write(chain, 21, i, 0, b"z" * (1000 + i), chunk_size=CS)
@@ -323,7 +319,7 @@ def test_truncate_remove_and_query_last_chunk(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(60)
 def test_corrupt_replica_is_reported_and_repaired(tmp_path: Path) -> None:
-    async def body(c: InProcessCluster, cl: DirectStorageClient) -> None:
+    async def body(c: InProcessCluster, cl: ChunkClient) -> None:
         chain = cl.routing.chains()[0].chain_id
         good = os.urandom(CS)
         await cl.write(chain, 31, 0, 0, good, chunk_size=CS)
@@ -349,7 +345,7 @@ def test_corrupt_replica_is_reported_and_repaired(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(90)
 def test_writes_continue_with_replicas_down(tmp_path: Path) -> None:
-    async def body(c: InProcessCluster, cl: DirectStorageClient) -> None:
+    async def body(c: InProcessCluster, cl: ChunkClient) -> None:
         chain = cl.routing.chains()[0].chain_id
         await cl.write(chain, 50, 0, 0, b"a" * 100, chunk_size=CS)
         order = cl.routing.chain_targets(chain)
@@ -369,9 +365,9 @@ def test_writes_continue_with_replicas_down(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("transport", ["grpc", "tcp", "shm"])
+@pytest.mark.parametrize("transport", ["auto", "grpc", "tcp", "shm"])
 def test_recovery_resyncs_a_returning_replica(tmp_path: Path, transport: str) -> None:
-    async def body(c: InProcessCluster, cl: DirectStorageClient) -> None:
+    async def body(c: InProcessCluster, cl: ChunkClient) -> None:
         chain = cl.routing.chains()[0].chain_id
         rng = random.Random(5)
         stop = asyncio.Event()
@@ -427,7 +423,7 @@ def test_unfinished_write_is_redriven_once(tmp_path: Path) -> None:
     """The head gives up forwarding (short retry window) while the tail is dead; the
     client's retry (same tag) re-drives the staged version instead of applying twice."""
 
-    async def body(c: InProcessCluster, cl: DirectStorageClient) -> None:
+    async def body(c: InProcessCluster, cl: ChunkClient) -> None:
         chain = cl.routing.chains()[0].chain_id
         await cl.write(chain, 70, 0, 0, b"a" * 1000, chunk_size=CS)
         order = cl.routing.chain_targets(chain)
@@ -446,3 +442,43 @@ def test_unfinished_write_is_redriven_once(tmp_path: Path) -> None:
         assert a == b and a[0].commit_ver == 3
 
     run(tmp_path, body, forward_retry_s=0.3)
+
+
+@pytest.mark.timeout(60)
+def test_read_many_matches_single_reads_and_fails_over(tmp_path: Path) -> None:
+    """StorageClient.read_many (USRBIO ring batches): holes, EOF, reads across chunks,
+    and a corrupt replica answered by another one, as :meth:`StorageClient.read` does."""
+
+    async def body(c: InProcessCluster, cl: ChunkClient) -> None:
+        chain = cl.routing.chains()[0].chain_id
+        rng = random.Random(11)
+        inode, chains = 80, [chain]
+        data = bytearray(rng.randbytes(4 * CS))
+        data[2 * CS : 3 * CS] = bytes(CS)  # chunk 2 never written: a hole
+        for idx in (0, 1, 3):
+            await cl.write(chain, inode, idx, 0, data[idx * CS : (idx + 1) * CS], chunk_size=CS)
+        length = 3 * CS + 5000
+        model = bytes(data[:length])
+        spans = [(4096, 4096), (CS - 100, 300), (2 * CS + 7, 9000), (3 * CS + 4000, 8192)]
+        spans += [(length + 1, 10), (0, 0)] + [(rng.randrange(length), 4096) for _ in range(40)]
+        bufs = [bytearray(n) for _, n in spans]
+        reqs = [
+            (inode, chains, CS, off, b, length) for (off, _), b in zip(spans, bufs, strict=True)
+        ]
+        got = await cl.storage.read_many(reqs)
+        for (off, n), b, r in zip(spans, bufs, got, strict=True):
+            want = model[off : off + n]
+            assert r == len(want) and bytes(b[: len(want)]) == want, (off, n, r)
+
+        # one replica of chunk 1 goes bad: every read of it still returns the right bytes
+        victim = cl.routing.chain_targets(chain)[0]
+        eng = c.nodes[c.node_of_target(victim)].targets.by_id(victim).engine
+        meta = eng.get(ChunkKey(inode, 1))
+        assert meta is not None
+        corrupt(eng.data_dir / meta.file, 100)
+        bufs = [bytearray(4096) for _ in range(12)]
+        got = await cl.storage.read_many([(inode, chains, CS, CS, b, length) for b in bufs])
+        assert got == [4096] * 12
+        assert all(bytes(b) == model[CS : CS + 4096] for b in bufs)
+
+    run(tmp_path, body)

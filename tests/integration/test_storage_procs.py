@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from fs3.client.chunk_client import ChunkClient
 from fs3.client.mgmtd_client import MgmtdClient
 from fs3.errors import FsError
 from fs3.routing import SERVING, Routing
-from fs3.storage.direct_client import DirectStorageClient
 from fs3.testing import procs
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -66,7 +66,7 @@ def test_kill9_storage_process_then_resync(cluster: procs.MiniCluster) -> None:
         admin = MgmtdClient.from_cluster_file(
             str(cluster.cluster_file), timeout_s=2.0, retry_deadline_s=20.0
         )
-        cl = DirectStorageClient(admin, "tcp", retry_deadline_s=30.0)
+        cl = ChunkClient(admin, "tcp", retry_deadline_s=30.0)
         try:
             await _wait(
                 admin, lambda r: all(r.has_target(t) for t in (101, 201, 301)), 20, "registration"

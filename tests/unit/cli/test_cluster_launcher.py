@@ -39,7 +39,7 @@ def test_parse_set_reads_toml_values_and_refuses_malformed_items() -> None:
         (ClusterSpec(replicas=4), "--replicas must be 1..3"),
         (ClusterSpec(storage_nodes=0), "--storage-nodes"),
         (ClusterSpec(kv="redis"), "--kv must be sqlite or fdb"),
-        (ClusterSpec(transport="rdma"), "--transport must be grpc, tcp or shm"),
+        (ClusterSpec(transport="rdma"), "--transport must be auto, grpc, tcp or shm"),
         (ClusterSpec(base_port=80), "--base-port"),
         (ClusterSpec(overrides={"gateway": {}}), "unknown role 'gateway'"),
         (ClusterSpec(overrides={"meta": {"storage": {}}}), "meta has no section [storage]"),

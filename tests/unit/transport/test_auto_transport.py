@@ -1,0 +1,80 @@
+"""The ``auto`` transport's choice per I/O (fs3/transport/auto.py), without a server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fs3.errors import Code, FsError
+from fs3.transport import ShmRegion, client_transport, is_inline, ref_kind
+from fs3.transport.auto import AutoClientTransport
+from fs3.transport.shm import ShmClientTransport
+
+pytestmark = pytest.mark.timeout(20)
+
+LOCAL, REMOTE = "127.0.0.1:1", "10.9.9.9:1"
+
+
+def test_one_sided_only_for_registered_regions_on_local_nodes() -> None:
+    async def main() -> None:
+        t = client_transport("auto", "c1")
+        assert isinstance(t, AutoClientTransport) and t.kind == "auto"
+        t._is_local = lambda addr: addr == LOCAL  # type: ignore[method-assign]
+        region = ShmRegion.create(1 << 20, prefix="fs3-test-auto")
+        plain = memoryview(bytearray(4096))
+        try:
+            inside = region.buf[8192 : 8192 + 4096]
+            assert not t.one_sided(LOCAL, inside)  # not registered yet
+            await t.register_region(region)
+            assert t.one_sided(LOCAL, inside)
+            assert not t.one_sided(REMOTE, inside)  # another host cannot map it
+            assert not t.one_sided(LOCAL, plain)  # never staged: the frame is cheaper
+            # refs (gRPC RPCs): inline unless one-sided; nothing registered remotely
+            ref, _ = await t.read_ref(REMOTE, "", inside)
+            assert is_inline(ref)
+            ref, _ = await t.write_ref(LOCAL, "", plain)
+            assert is_inline(ref) and ref.inline == bytes(4096)
+            assert t.stats["one_sided"] == 1
+            del inside
+        finally:
+            await t.close()
+            region.close()
+
+    asyncio.run(main())
+
+
+def test_a_node_that_cannot_map_our_memory_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        t = AutoClientTransport("c2", is_local=lambda addr: True)
+        region = ShmRegion.create(1 << 20, prefix="fs3-test-auto")
+        calls = []
+
+        async def refuse(node: str, reg: ShmRegion) -> None:
+            calls.append(node)
+            raise FsError(Code.INVALID_ARGUMENT, "RegisterRegion: owner pid 7 does not exist")
+
+        try:
+            await t.register_region(region)
+            view = region.buf[:4096]
+            assert t.one_sided(LOCAL, view)
+            # what registering answers from a node in another PID namespace
+            monkeypatch.setattr(
+                ShmClientTransport, "_ensure_registered", lambda self, n, r: refuse(n, r)
+            )
+            with pytest.raises(FsError) as ei:
+                await t.read_ref(LOCAL, "", view)
+            assert ei.value.code == Code.TRANSPORT and ei.value.retryable
+            assert calls == [LOCAL] and t.stats["fallback"] == 1
+            assert not t.one_sided(LOCAL, view)  # remembered: frames from now on
+            ref, _ = await t.read_ref(LOCAL, "", view)
+            assert ref_kind(ref) == "inline"
+            t.forget_node(LOCAL)  # e.g. the node restarted: ask again
+            assert t.one_sided(LOCAL, view)
+            del view
+        finally:
+            t._last = None
+            await t.close()
+            region.close()
+
+    asyncio.run(main())
