@@ -162,7 +162,7 @@ def machine_info(workdir: Path) -> dict[str, Any]:
 
 
 def mount_state(path: str) -> str:
-    from fs3.cli.cluster import mount_state as ms
+    from fs3.launcher import mount_state as ms
 
     return ms(path)
 

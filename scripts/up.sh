@@ -31,7 +31,7 @@ show_if_healthy() {
   .venv/bin/python - "$DIR" "$MNT" 2>/dev/null <<'PY'
 import sys
 from pathlib import Path
-from fs3.cli.cluster import LocalCluster, render_status
+from fs3.launcher import LocalCluster, render_status
 s = LocalCluster(Path(sys.argv[1])).status()
 ok = s["processes"] and all(p["alive"] for p in s["processes"]) and s["mount"] == sys.argv[2]
 if ok:

@@ -1,6 +1,6 @@
 """``ProcessCluster``: a real multi-process fs3 cluster for integration and fault tests.
 
-A thin, importable wrapper around the launcher (:class:`fs3.cli.cluster.LocalCluster`),
+A thin, importable wrapper around the launcher (:class:`fs3.launcher.LocalCluster`),
 so tests exercise exactly what ``fs3 cluster up`` does for a user: real
 ``fs3 mgmtd|meta|storage`` processes (and optionally the FUSE daemon) on
 127.0.0.1 with their own ports, configs and logs under one directory.
@@ -31,7 +31,7 @@ from types import TracebackType
 from typing import Any
 
 from fs3 import config as fs3config
-from fs3.cli.cluster import (
+from fs3.launcher import (
     ClusterSpec,
     ClusterState,
     LauncherError,

@@ -373,7 +373,7 @@ def _setns(ns: str) -> None:
 def create_cluster_with_netns(pc: Any, links: dict[str, NetnsLink]) -> None:
     """Lay out a new :class:`~fs3.testing.cluster.ProcessCluster` with the named processes in namespaces.
 
-    Writes the configs and state the launcher would (its own ``_create``), sets up each link for that process's ports and records
+    Writes the configs and state the launcher would (its own :meth:`~fs3.launcher.LocalCluster.create`), sets up each link for that process's ports and records
     the namespaced command, so the following ``pc.start()`` starts them inside
     from the beginning (no extra restart, no extra failover).
     """
@@ -381,13 +381,13 @@ def create_cluster_with_netns(pc: Any, links: dict[str, NetnsLink]) -> None:
     if lc.load_state() is not None:
         raise RuntimeError(f"{pc.dir} already holds a cluster")
     pc.spec.validate()
-    st = lc._create(pc.spec)
+    st = lc.create(pc.spec)
     for name, link in links.items():
         rec = st.proc(name)
         if not link.created:
             link.setup(rec.ports)
         rec.command = link.wrap(rec.command)
-    lc._save_state(st)
+    lc.save_state(st)
 
 
 def storage_target_dirs(pc: Any) -> dict[int, Path]:

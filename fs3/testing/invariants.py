@@ -462,7 +462,7 @@ def fault_cluster(
                     f"{n} will run in network namespace {link.ns} (veth {link.host_if} {link.host_ip} <-> "
                     f"{link.ns_if} {link.ns_ip}, ports {rec.ports})"
                 )
-            pc.launcher._save_state(st)
+            pc.launcher.save_state(st)
         t = time.monotonic()
         pc.start()
         sc.say(

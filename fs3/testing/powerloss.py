@@ -32,8 +32,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from fs3.cli.cluster import is_alive, is_gone
 from fs3.durable import fsync_dir, makedirs_durably
+from fs3.launcher import is_alive, is_gone
 from fs3.testing.invariants import Scenario, fault_cluster
 from fs3.testing.lossyfs import LossyMount
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from fs3.cli.cluster import fuse_unmount, mount_state
+from fs3.launcher import fuse_unmount, mount_state
 from fs3.testing.invariants import fault_cluster
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration]

@@ -90,7 +90,7 @@ def test_kill_mgmtd_leader_during_writes_and_node_failure() -> None:
         final = sc.pc.status()
         watch.see(final)
         leaders = []
-        from fs3.cli.cluster import MgmtdProbe
+        from fs3.launcher import MgmtdProbe
 
         for p in final["processes"]:
             if p["role"] == "mgmtd":

@@ -155,7 +155,7 @@ def test_partition_mgmtd_leader_from_kv_side() -> None:
         sc.pc.restart("storage-3")
         sc.wait_all_serving(90)
         s = sc.pc.status()
-        from fs3.cli.cluster import MgmtdProbe
+        from fs3.launcher import MgmtdProbe
 
         leaders = [
             p["name"]

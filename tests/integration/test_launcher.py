@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 
-from fs3.cli import cluster as launcher
-from fs3.cli.cluster import LauncherError, LocalCluster, is_alive, mount_fstype, mount_state
+from fs3 import launcher
+from fs3.launcher import LauncherError, LocalCluster, is_alive, mount_fstype, mount_state, supervise
+from fs3.launcher import cluster as launcher_cluster
 from fs3.testing.cluster import ProcessCluster
 
 pytestmark = pytest.mark.integration
@@ -158,7 +159,9 @@ def test_cli_up_status_kill_restart_down_cycle(cluster_dir: Path) -> None:
     assert dn.returncode == 0, dn.stderr
     assert_nothing_running(d)
     assert not any(is_alive(r) for r in recorded(d))
-    assert all(launcher._proc_stat(p) is None or launcher._proc_stat(p)[0] == "Z" for p in all_pids)  # type: ignore[index]
+    assert all(
+        supervise._proc_stat(p) is None or supervise._proc_stat(p)[0] == "Z" for p in all_pids
+    )  # type: ignore[index]
     dn2 = run_cli("down", "--dir", str(d))
     assert dn2.returncode == 0 and "no process of the cluster was running" in dn2.stdout
     stopped = _status(d)  # status of a stopped cluster still answers, and says why it knows little
@@ -315,11 +318,13 @@ def test_missing_fuse_device_or_fusermount_is_refused(
     cluster_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lc = LocalCluster(cluster_dir, out=lambda s: None)
-    monkeypatch.setattr(launcher, "FUSE_DEVICE", str(cluster_dir.parent / "no-such-fuse-device"))
+    monkeypatch.setattr(
+        launcher_cluster, "FUSE_DEVICE", str(cluster_dir.parent / "no-such-fuse-device")
+    )
     with pytest.raises(LauncherError, match="--mount needs .*no-such-fuse-device"):
         lc.up(launcher.ClusterSpec(), mount=str(cluster_dir.parent / "mnt"))
-    monkeypatch.setattr(launcher, "FUSE_DEVICE", "/dev/fuse")
-    monkeypatch.setattr(launcher, "FUSERMOUNT", "fusermount3-is-not-installed")
+    monkeypatch.setattr(launcher_cluster, "FUSE_DEVICE", "/dev/fuse")
+    monkeypatch.setattr(launcher_cluster, "FUSERMOUNT", "fusermount3-is-not-installed")
     if not os.path.exists("/dev/fuse"):
         pytest.skip("/dev/fuse is missing on this machine")
     with pytest.raises(LauncherError, match="apt-get install fuse3"):
@@ -429,7 +434,7 @@ def test_a_reused_pid_is_never_signalled() -> None:
             command=[sys.executable, "-c", "import time; time.sleep(60)"],
             log="/dev/null",
             pid=p.pid,
-            start_ticks=launcher._proc_stat(p.pid)[1],
+            start_ticks=supervise._proc_stat(p.pid)[1],
         )  # type: ignore[index]
         assert is_alive(real)
         real_wrong_start = launcher.ProcRecord(

@@ -26,11 +26,11 @@ from pathlib import Path
 import crc32c
 import pytest
 
-from fs3.cli.cluster import ClusterSpec
 from fs3.client.chunk_client import ChunkClient
 from fs3.client.mgmtd_client import MgmtdClient
 from fs3.config import TransportSection
 from fs3.errors import Code, FsError
+from fs3.launcher import ClusterSpec
 from fs3.routing import SERVING, Routing
 from fs3.testing import procs
 from fs3.transport import ShmRegion

@@ -1,4 +1,4 @@
-"""Pure parts of the local cluster launcher (fs3.cli.cluster): options, configs, layout, rendering."""
+"""Pure parts of the local cluster launcher (fs3.launcher): options, configs, layout, rendering."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fs3 import config
-from fs3.cli import cluster as launcher
-from fs3.cli.cluster import ClusterSpec, LauncherError, LocalCluster
+from fs3 import config, launcher
+from fs3.launcher import ClusterSpec, LauncherError, LocalCluster, layout, supervise
 
 
 @pytest.mark.timeout(10)
@@ -57,7 +56,7 @@ def test_layout_names_node_ids_ports_and_configs(tmp_path: Path) -> None:
     spec = ClusterSpec(
         storage_nodes=3, targets_per_node=2, meta=2, mgmtd=2, transport="tcp", base_port=20000
     )
-    st, cf = lc._layout(spec, "local-test")
+    st, cf = lc.layout(spec, "local-test")
     assert [(p.name, p.node_id) for p in st.processes] == [
         ("mgmtd-1", 1),
         ("mgmtd-2", 2),
@@ -70,7 +69,7 @@ def test_layout_names_node_ids_ports_and_configs(tmp_path: Path) -> None:
     ports = [port for p in st.processes for port in p.ports]
     assert ports == list(range(20000, 20000 + len(ports))), "distinct, consecutive from --base-port"
     assert cf.render() == "local-test@127.0.0.1:20000,127.0.0.1:20002\n"
-    lc._write_configs(st)
+    lc.write_configs(st)
     s2 = config.load(config.StorageConfig, tmp_path / "conf" / "storage-2.toml", env={})
     assert s2.node.id == 10002 and s2.node.port == st.proc("storage-2").ports[0]
     assert s2.storage.target_ids == [201, 202]
@@ -194,7 +193,7 @@ def test_picked_ports_are_outside_the_kernels_ephemeral_range(tmp_path: Path) ->
     clients; a client reconnecting to a dead process's port could self-connect from that
     very port and hold it, so `fs3 cluster restart` failed with "port ... in use"."""
     lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    st, _ = LocalCluster(tmp_path, out=lambda s: None)._layout(ClusterSpec(), "local-test")
+    st, _ = LocalCluster(tmp_path, out=lambda s: None).layout(ClusterSpec(), "local-test")
     ports = [port for p in st.processes for port in p.ports]
     assert len(set(ports)) == len(ports) == 2 * 7
     outside = [p for p in ports if not lo <= p <= hi]
@@ -206,17 +205,17 @@ def test_picked_ports_are_outside_the_kernels_ephemeral_range(tmp_path: Path) ->
 def test_port_picking_skips_taken_ports_and_follows_the_ephemeral_range() -> None:
     import socket
 
-    assert launcher.ephemeral_port_range("/nonexistent") == launcher.LINUX_DEFAULT_EPHEMERAL
-    assert launcher.service_port_candidates((32768, 60999)) == list(range(20000, 32768)) + list(
+    assert layout.ephemeral_port_range("/nonexistent") == layout.LINUX_DEFAULT_EPHEMERAL
+    assert layout.service_port_candidates((32768, 60999)) == list(range(20000, 32768)) + list(
         range(61000, 65536)
     )
     # a range starting low: below it from 1024; a range reaching 65535: nothing above
-    assert launcher.service_port_candidates((10000, 65535)) == list(range(1024, 10000))
-    assert launcher.service_port_candidates((1024, 65000)) == list(range(65001, 65536))
+    assert layout.service_port_candidates((10000, 65535)) == list(range(1024, 10000))
+    assert layout.service_port_candidates((1024, 65000)) == list(range(65001, 65536))
     with pytest.raises(LauncherError, match="leaves fewer than 3 ports"):
         launcher.pick_free_ports(3, ephemeral=(1024, 65535))
     # with only five candidates and one of them taken, the other four come back
-    cands = launcher.service_port_candidates((1024, 65530))
+    cands = layout.service_port_candidates((1024, 65530))
     assert cands == [65531, 65532, 65533, 65534, 65535]
     if not all(launcher.port_is_free(p) for p in cands):
         pytest.skip("a port in 65531..65535 is in use on this host")
@@ -253,22 +252,22 @@ def test_a_process_whose_main_thread_exited_holds_its_ports_until_its_last_threa
     child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None and child.stdout.readline() == "ready\n"
-        stat = launcher._proc_stat(child.pid)
+        stat = supervise._proc_stat(child.pid)
         assert stat is not None
         rec = launcher.ProcRecord(
             name="x", role="meta", command=cmd, log="", config="", pid=child.pid
         )
         rec.start_ticks = stat[1]
-        while (launcher._proc_stat(child.pid) or ("?",))[0] != "Z":
+        while (supervise._proc_stat(child.pid) or ("?",))[0] != "Z":
             assert child.poll() is None
             time.sleep(0.01)
         assert not launcher.is_alive(rec), "no command line: not running as far as /proc shows"
         assert not launcher.port_is_free(port)
-        assert launcher._wait_dead([rec], 0.2) == [rec], "not dead while a thread holds its port"
+        assert supervise._wait_dead([rec], 0.2) == [rec], "not dead while a thread holds its port"
         assert not launcher.is_gone(rec)
         assert child.stdin is not None
         child.stdin.close()
-        assert launcher._wait_dead([rec], 20) == []
+        assert supervise._wait_dead([rec], 20) == []
         assert launcher.is_gone(rec) and launcher.port_is_free(port)
     finally:
         child.kill()

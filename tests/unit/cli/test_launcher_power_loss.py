@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from fs3 import config
-from fs3.cli.cluster import ClusterSpec, LauncherError, LocalCluster
 from fs3.durable import makedirs_durably, write_durably
+from fs3.launcher import ClusterSpec, LauncherError, LocalCluster
 from fs3.testing.lossyfs import LossyMount, lossy_dir, skip_reason
 
 pytestmark = [
@@ -57,7 +57,7 @@ def test_a_new_cluster_layout_survives_a_cut(lossy: LossyMount) -> None:
     root = lossy.mountpoint / "cluster"
     lc = _launcher(root, said)
     with lc._locked(create=True):
-        st = lc._create(ClusterSpec(storage_nodes=2, replicas=2, meta=1, mgmtd=1))
+        st = lc.create(ClusterSpec(storage_nodes=2, replicas=2, meta=1, mgmtd=1))
     lossy.crash()
     got = lc.load_state()
     assert got is not None and got.to_json() == st.to_json()
@@ -75,7 +75,7 @@ def test_a_damaged_state_file_is_rebuilt_from_the_configs(lossy: LossyMount) -> 
     root = lossy.mountpoint / "cluster"
     lc = _launcher(root, said)
     with lc._locked(create=True):
-        st = lc._create(ClusterSpec(storage_nodes=3, targets_per_node=2, meta=2, mgmtd=2))
+        st = lc.create(ClusterSpec(storage_nodes=3, targets_per_node=2, meta=2, mgmtd=2))
     (root / "state.json").write_text("")  # what the unsynced write_text left after a cut
     (root / "fs3.cluster").write_text("")
     got = lc.load_state()
@@ -116,7 +116,7 @@ def test_cli_status_on_a_damaged_state_file_rebuilds_it(tmp_path: Path) -> None:
     root = tmp_path / "cluster"
     lc = LocalCluster(root, out=lambda s: None)
     with lc._locked(create=True):
-        lc._create(ClusterSpec(storage_nodes=1, replicas=1, meta=1, mgmtd=1))
+        lc.create(ClusterSpec(storage_nodes=1, replicas=1, meta=1, mgmtd=1))
     (root / "state.json").write_text("")
     r = subprocess.run(
         [sys.executable, "-m", "fs3.cli.main", "cluster", "status", "--dir", str(root)],

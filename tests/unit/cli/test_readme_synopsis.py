@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fs3.cli.cluster import DEFAULT_DIR, build_parser
+from fs3.cli.cluster import build_parser
+from fs3.launcher import DEFAULT_DIR
 
 pytestmark = pytest.mark.timeout(10)
 
