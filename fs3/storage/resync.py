@@ -138,19 +138,27 @@ class ResyncManager:
             what=f"SyncStart@target{succ}",
         )
         remote = {ChunkKey(m.chunk.inode, m.chunk.index): m for m in resp.metas}
+        # Same event-loop step as the listing (no await between): every update still in
+        # flight holds or awaits its chunk lock. One admitted under the previous chain
+        # version may not forward to this successor (it was not in that chain) and may
+        # commit only after the listing, so each such chunk is transferred under its
+        # lock whatever the listing says — else the successor turns SERVING without it.
+        in_flight = set(t.locks.busy())
         local = {m.key: m for m in t.engine.list()}
-        removes = [k for k in remote if k not in local]
+        removes = [k for k in remote if k not in local and k not in in_flight]
         transfers = []
         for k, m in local.items():
             r = remote.get(k)
             if (
-                r is None
+                k in in_flight
+                or r is None
                 or r.uncommitted
                 or r.commit_ver != m.commit_ver
                 or r.length != m.length
                 or r.checksum != m.checksum
             ):
                 transfers.append(k)
+        transfers += sorted(k for k in in_flight if k not in local)
         M.SYNC_REMAINING.labels(str(chain)).set(len(removes) + len(transfers))
         sem = asyncio.Semaphore(CONCURRENCY)
 
@@ -190,12 +198,10 @@ class ResyncManager:
             io = storage_pb2.UpdateIO(chain_id=t.chain_id, chain_version=cver)
             io.chunk.inode, io.chunk.index = k.inode, k.index
             if meta is None:
-                if not remove:
-                    remove = True  # removed locally meanwhile
-                io.type = REMOVE
-            elif remove:
-                return  # created locally meanwhile: the write path forwarded it already
+                io.type = REMOVE  # removed locally meanwhile, or an update that never committed
             else:
+                # (also when created meanwhile: an update admitted under the previous chain
+                # version did not forward it here)
                 _m, data = await self.rep.run_blocking(t.engine.read, k, 0, meta.length)
                 io.type = WRITE
                 io.offset, io.length, io.chunk_size = 0, len(data), max(len(data), 1)

@@ -78,6 +78,10 @@ class ChunkLocks:
         e = self._locks.get(key)
         return e is not None and e[0].locked()
 
+    def busy(self) -> list[ChunkKey]:
+        """Chunks with an update holding or awaiting their lock (in flight) right now."""
+        return list(self._locks)
+
 
 @functools.cache
 def filesystem_id(path: str) -> str:
