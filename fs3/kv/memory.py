@@ -156,26 +156,9 @@ class MemoryTransaction(BufferedWritesTransaction):
         with self.db._lock:
             return self.db._value_at(key, self.read_version)
 
-    def get_range(
-        self,
-        begin: bytes,
-        end: bytes,
-        *,
-        limit: int = 0,
-        reverse: bool = False,
-        snapshot: bool = False,
+    def _get_range(
+        self, begin: bytes, end: bytes, *, limit: int, reverse: bool, snapshot: bool
     ) -> list[KeyValue]:
-        self._check_open()
-        self.check_key(begin)
-        self.check_key(end)
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-            raise FsError(
-                Code.INVALID_ARGUMENT, f"get_range limit must be an int >= 0, not {limit!r}"
-            )
-        begin, end = bytes(begin), bytes(end)
-        faults.maybe_fail("kv.get_range")
-        if begin >= end:
-            return []
         with self.db._lock:
             base = self.db._range_at(begin, end, self.read_version)
         merged: dict[bytes, bytes] = {k: v for k, v in base if not self._cleared(k)}

@@ -638,24 +638,9 @@ class SqliteTransaction(BufferedWritesTransaction):
         except sqlite3.Error as e:
             raise _to_fserror(e, "get_range") from e
 
-    def get_range(
-        self,
-        begin: bytes,
-        end: bytes,
-        *,
-        limit: int = 0,
-        reverse: bool = False,
-        snapshot: bool = False,
+    def _get_range(
+        self, begin: bytes, end: bytes, *, limit: int, reverse: bool, snapshot: bool
     ) -> list[KeyValue]:
-        self._check_open()
-        begin, end = self._check_range(begin, end)
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-            raise FsError(
-                Code.INVALID_ARGUMENT, f"get_range limit must be an int >= 0, not {limit!r}"
-            )
-        faults.maybe_fail("kv.get_range")
-        if begin >= end:
-            return []
         conn = self._snapshot()
         # Own writes in the range, in output order, merged with the stored rows.
         local = sorted(
