@@ -1190,39 +1190,27 @@ class StorageClient:
     async def _remove_once(
         self, inode: int, chain_id: int, begin: int, end: int = 0
     ) -> tuple[int, bool]:
-        channel, seq = await self._channels.acquire()
-        tag = self._tag(channel, seq)
-        deadline = Deadline(self._policy.deadline_s)
-        try:
+        def request(version: int, tag: storage_pb2.UpdateTag, token: bytes) -> Any:
+            return storage_pb2.RemoveChunksRequest(
+                ops=[
+                    storage_pb2.RemoveChunksOp(
+                        chain_id=chain_id,
+                        chain_version=version,
+                        range=storage_pb2.ChunkRange(inode=inode, begin=begin, end=end),
+                        tag=tag,
+                        capability=token,
+                    )
+                ]
+            )
 
-            async def attempt(n: int) -> tuple[int, bool]:
-                _head, node, version = self._head(self._routing(), chain_id)
-                token = await self._cap(inode, True)
-                req = storage_pb2.RemoveChunksRequest(
-                    ops=[
-                        storage_pb2.RemoveChunksOp(
-                            chain_id=chain_id,
-                            chain_version=version,
-                            range=storage_pb2.ChunkRange(inode=inode, begin=begin, end=end),
-                            tag=tag,
-                            capability=token,
-                        )
-                    ]
-                )
-                resp = await call(
-                    self._stub(node.address).RemoveChunks,
-                    req,
-                    timeout=self._timeout(deadline),
-                    what=f"storage.RemoveChunks@{node.address}",
-                )
-                r = resp.results[0]
-                if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
-                    raise self._cap_refused(inode, token, _item_error(r.error), n)
-                return int(r.removed), bool(r.more)
-
-            return await self._retry(attempt, f"remove chunks {inode} on chain {chain_id}")
-        finally:
-            await self._channels.release(channel)
+        r = await self._update_at_head(
+            inode,
+            chain_id,
+            "RemoveChunks",
+            request,
+            f"remove chunks {inode} on chain {chain_id}",
+        )
+        return int(r.removed), bool(r.more)
 
     async def _truncate_chunk(
         self,
@@ -1234,39 +1222,59 @@ class StorageClient:
         *,
         only_extend: bool = False,
     ) -> None:
+        def request(version: int, tag: storage_pb2.UpdateTag, token: bytes) -> Any:
+            return storage_pb2.TruncateChunksRequest(
+                ops=[
+                    storage_pb2.TruncateChunkOp(
+                        chain_id=chain_id,
+                        chain_version=version,
+                        chunk=storage_pb2.ChunkId(inode=inode, index=index),
+                        length=length,
+                        chunk_size=chunk_size,
+                        only_extend=only_extend,
+                        tag=tag,
+                        capability=token,
+                    )
+                ]
+            )
+
+        await self._update_at_head(
+            inode, chain_id, "TruncateChunks", request, f"truncate chunk {inode}:{index}"
+        )
+
+    async def _update_at_head(
+        self,
+        inode: int,
+        chain_id: int,
+        method: str,
+        request: Callable[[int, storage_pb2.UpdateTag, bytes], Any],
+        what: str,
+    ) -> Any:
+        """Send a one-op chunk update (``method`` of the storage service) to the chain's
+        head under the retry policy and return the op's result; a missing chunk is
+        not an error. Every attempt carries the same update tag;
+        ``request(chain_version, tag, capability)`` builds each attempt's request
+        (routing and capability may change between attempts)."""
         channel, seq = await self._channels.acquire()
         tag = self._tag(channel, seq)
         deadline = Deadline(self._policy.deadline_s)
         try:
 
-            async def attempt(n: int) -> None:
+            async def attempt(n: int) -> Any:
                 _head, node, version = self._head(self._routing(), chain_id)
                 token = await self._cap(inode, True)
-                req = storage_pb2.TruncateChunksRequest(
-                    ops=[
-                        storage_pb2.TruncateChunkOp(
-                            chain_id=chain_id,
-                            chain_version=version,
-                            chunk=storage_pb2.ChunkId(inode=inode, index=index),
-                            length=length,
-                            chunk_size=chunk_size,
-                            only_extend=only_extend,
-                            tag=tag,
-                            capability=token,
-                        )
-                    ]
-                )
                 resp = await call(
-                    self._stub(node.address).TruncateChunks,
-                    req,
+                    getattr(self._stub(node.address), method),
+                    request(version, tag, token),
                     timeout=self._timeout(deadline),
-                    what=f"storage.TruncateChunks@{node.address}",
+                    what=f"storage.{method}@{node.address}",
                 )
                 r = resp.results[0]
                 if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
                     raise self._cap_refused(inode, token, _item_error(r.error), n)
+                return r
 
-            await self._retry(attempt, f"truncate chunk {inode}:{index}")
+            return await self._retry(attempt, what)
         finally:
             await self._channels.release(channel)
 
