@@ -1190,25 +1190,14 @@ class StorageClient:
     async def _remove_once(
         self, inode: int, chain_id: int, begin: int, end: int = 0
     ) -> tuple[int, bool]:
-        def request(version: int, tag: storage_pb2.UpdateTag, token: bytes) -> Any:
-            return storage_pb2.RemoveChunksRequest(
-                ops=[
-                    storage_pb2.RemoveChunksOp(
-                        chain_id=chain_id,
-                        chain_version=version,
-                        range=storage_pb2.ChunkRange(inode=inode, begin=begin, end=end),
-                        tag=tag,
-                        capability=token,
-                    )
-                ]
-            )
-
         r = await self._update_at_head(
             inode,
             chain_id,
             "RemoveChunks",
-            request,
+            storage_pb2.RemoveChunksRequest,
+            storage_pb2.RemoveChunksOp,
             f"remove chunks {inode} on chain {chain_id}",
+            range=storage_pb2.ChunkRange(inode=inode, begin=begin, end=end),
         )
         return int(r.removed), bool(r.more)
 
@@ -1222,24 +1211,17 @@ class StorageClient:
         *,
         only_extend: bool = False,
     ) -> None:
-        def request(version: int, tag: storage_pb2.UpdateTag, token: bytes) -> Any:
-            return storage_pb2.TruncateChunksRequest(
-                ops=[
-                    storage_pb2.TruncateChunkOp(
-                        chain_id=chain_id,
-                        chain_version=version,
-                        chunk=storage_pb2.ChunkId(inode=inode, index=index),
-                        length=length,
-                        chunk_size=chunk_size,
-                        only_extend=only_extend,
-                        tag=tag,
-                        capability=token,
-                    )
-                ]
-            )
-
         await self._update_at_head(
-            inode, chain_id, "TruncateChunks", request, f"truncate chunk {inode}:{index}"
+            inode,
+            chain_id,
+            "TruncateChunks",
+            storage_pb2.TruncateChunksRequest,
+            storage_pb2.TruncateChunkOp,
+            f"truncate chunk {inode}:{index}",
+            chunk=storage_pb2.ChunkId(inode=inode, index=index),
+            length=length,
+            chunk_size=chunk_size,
+            only_extend=only_extend,
         )
 
     async def _update_at_head(
@@ -1247,14 +1229,16 @@ class StorageClient:
         inode: int,
         chain_id: int,
         method: str,
-        request: Callable[[int, storage_pb2.UpdateTag, bytes], Any],
+        request_type: type[Any],
+        op_type: type[Any],
         what: str,
+        **fields: Any,
     ) -> Any:
         """Send a one-op chunk update (``method`` of the storage service) to the chain's
         head under the retry policy and return the op's result; a missing chunk is
-        not an error. Every attempt carries the same update tag;
-        ``request(chain_version, tag, capability)`` builds each attempt's request
-        (routing and capability may change between attempts)."""
+        not an error. The op is ``op_type(**fields)`` plus the chain, its version, the
+        update tag (the same for every attempt) and the capability (looked up again
+        for each attempt, as routing is)."""
         channel, seq = await self._channels.acquire()
         tag = self._tag(channel, seq)
         deadline = Deadline(self._policy.deadline_s)
@@ -1263,9 +1247,12 @@ class StorageClient:
             async def attempt(n: int) -> Any:
                 _head, node, version = self._head(self._routing(), chain_id)
                 token = await self._cap(inode, True)
+                op = op_type(
+                    chain_id=chain_id, chain_version=version, tag=tag, capability=token, **fields
+                )
                 resp = await call(
                     getattr(self._stub(node.address), method),
-                    request(version, tag, token),
+                    request_type(ops=[op]),
                     timeout=self._timeout(deadline),
                     what=f"storage.{method}@{node.address}",
                 )
