@@ -1101,8 +1101,8 @@ class StorageClient:
         await self.remove_chunks(inode, chains, first)
         if new_size % chunk_size:
             idx = new_size // chunk_size
-            await self._truncate_chunk(
-                inode, chain_of(chains, idx), chunk_size, idx, new_size % chunk_size
+            await self.truncate_chunk(
+                inode, chain_of(chains, idx), idx, new_size % chunk_size, chunk_size
             )
 
     async def remove_chunks(
@@ -1152,12 +1152,12 @@ class StorageClient:
         last = (end - 1) // chunk_size
         await self._bounded(
             [
-                self._truncate_chunk(
+                self.truncate_chunk(
                     inode,
                     chain_of(chains, idx),
-                    chunk_size,
                     idx,
                     min(chunk_size, end - idx * chunk_size),
+                    chunk_size,
                     only_extend=True,
                 )
                 for idx in range(first, last + 1)
@@ -1175,8 +1175,17 @@ class StorageClient:
         only_extend: bool = False,
     ) -> None:
         """Chunk-level truncate (``only_extend``: zero-extend, never shrink) on every replica."""
-        await self._truncate_chunk(
-            inode, chain_id, chunk_size, index, length, only_extend=only_extend
+        await self._update_at_head(
+            inode,
+            chain_id,
+            "TruncateChunks",
+            storage_pb2.TruncateChunksRequest,
+            storage_pb2.TruncateChunkOp,
+            f"truncate chunk {inode}:{index}",
+            chunk=storage_pb2.ChunkId(inode=inode, index=index),
+            length=length,
+            chunk_size=chunk_size,
+            only_extend=only_extend,
         )
 
     async def _remove_on_chain(self, inode: int, chain_id: int, begin: int, end: int = 0) -> int:
@@ -1200,29 +1209,6 @@ class StorageClient:
             range=storage_pb2.ChunkRange(inode=inode, begin=begin, end=end),
         )
         return int(r.removed), bool(r.more)
-
-    async def _truncate_chunk(
-        self,
-        inode: int,
-        chain_id: int,
-        chunk_size: int,
-        index: int,
-        length: int,
-        *,
-        only_extend: bool = False,
-    ) -> None:
-        await self._update_at_head(
-            inode,
-            chain_id,
-            "TruncateChunks",
-            storage_pb2.TruncateChunksRequest,
-            storage_pb2.TruncateChunkOp,
-            f"truncate chunk {inode}:{index}",
-            chunk=storage_pb2.ChunkId(inode=inode, index=index),
-            length=length,
-            chunk_size=chunk_size,
-            only_extend=only_extend,
-        )
 
     async def _update_at_head(
         self,
