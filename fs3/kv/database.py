@@ -60,9 +60,20 @@ def strinc(prefix: bytes) -> bytes:
 class Transaction(ABC):
     """One serializable transaction. Not thread-safe; use from one thread."""
 
-    @abstractmethod
     def get(self, key: bytes, *, snapshot: bool = False) -> bytes | None:
-        """The value of ``key`` or None. Non-snapshot reads join the conflict set."""
+        """The value of ``key`` or None. Non-snapshot reads join the conflict set.
+
+        Checks the key and passes the ``kv.get`` fault point here, for every engine
+        alike; engines implement :meth:`_get`.
+        """
+        self._check_open()
+        self.check_key(key)
+        faults.maybe_fail("kv.get")
+        return self._get(bytes(key), snapshot=snapshot)
+
+    @abstractmethod
+    def _get(self, key: bytes, *, snapshot: bool) -> bytes | None:
+        """:meth:`get` after its checks; ``key`` is ``bytes``."""
 
     def get_range(
         self,

@@ -139,12 +139,9 @@ class FdbTransaction(Transaction):
     def _reader(self, snapshot: bool) -> Any:
         return self.tr.snapshot if snapshot else self.tr
 
-    def get(self, key: bytes, *, snapshot: bool = False) -> bytes | None:
-        self._check_open()
-        self.check_key(key)
-        faults.maybe_fail("kv.get")
+    def _get(self, key: bytes, *, snapshot: bool) -> bytes | None:
         try:
-            value = self._reader(snapshot).get(bytes(key)).value
+            value = self._reader(snapshot).get(key).value
         except self.db._fdb.FDBError as e:
             raise self.db._error(e, in_commit=False) from e
         return None if value is None else bytes(value)

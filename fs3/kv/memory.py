@@ -142,11 +142,7 @@ class MemoryTransaction(BufferedWritesTransaction):
     def _cleared(self, key: bytes) -> bool:
         return any(b <= key < e for b, e in self.cleared)
 
-    def get(self, key: bytes, *, snapshot: bool = False) -> bytes | None:
-        self._check_open()
-        self.check_key(key)
-        key = bytes(key)
-        faults.maybe_fail("kv.get")
+    def _get(self, key: bytes, *, snapshot: bool) -> bytes | None:
         if not snapshot:
             self.read_ranges.append((key, key_after(key)))
         if key in self.writes:

@@ -600,11 +600,7 @@ class SqliteTransaction(BufferedWritesTransaction):
 
     # -- reads --------------------------------------------------------------------
 
-    def get(self, key: bytes, *, snapshot: bool = False) -> bytes | None:
-        self._check_open()
-        self.check_key(key)
-        key = bytes(key)
-        faults.maybe_fail("kv.get")
+    def _get(self, key: bytes, *, snapshot: bool) -> bytes | None:
         conn = self._snapshot()
         if not snapshot:
             self.read_ranges.append((key, key_after(key)))
