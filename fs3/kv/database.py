@@ -171,6 +171,10 @@ class BufferedWritesTransaction(Transaction):
     until commit: the memory and sqlite engines share this; FDB buffers itself."""
 
     writes: dict[bytes, bytes | None]
+    cleared: list[tuple[bytes, bytes]]  # ranges cleared by this transaction
+
+    def _cleared(self, key: bytes) -> bool:
+        return any(b <= key < e for b, e in self.cleared)
 
     def set(self, key: bytes, value: bytes) -> None:
         self._check_open()
@@ -182,6 +186,17 @@ class BufferedWritesTransaction(Transaction):
         self._check_open()
         self.check_key(key)
         self.writes[bytes(key)] = None
+
+    def clear_range(self, begin: bytes, end: bytes) -> None:
+        self._check_open()
+        self.check_key(begin)
+        self.check_key(end)
+        begin, end = bytes(begin), bytes(end)
+        if begin >= end:
+            return
+        for k in [k for k in self.writes if begin <= k < end]:
+            del self.writes[k]
+        self.cleared.append((begin, end))
 
 
 class Database(ABC):

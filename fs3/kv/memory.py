@@ -139,9 +139,6 @@ class MemoryTransaction(BufferedWritesTransaction):
         if self.done:
             raise FsError(Code.INTERNAL, "transaction already committed or cancelled")
 
-    def _cleared(self, key: bytes) -> bool:
-        return any(b <= key < e for b, e in self.cleared)
-
     def _get(self, key: bytes, *, snapshot: bool) -> bytes | None:
         if not snapshot:
             self.read_ranges.append((key, key_after(key)))
@@ -173,17 +170,6 @@ class MemoryTransaction(BufferedWritesTransaction):
         elif not snapshot:
             self.read_ranges.append((begin, end))
         return [(k, merged[k]) for k in keys]
-
-    def clear_range(self, begin: bytes, end: bytes) -> None:
-        self._check_open()
-        self.check_key(begin)
-        self.check_key(end)
-        begin, end = bytes(begin), bytes(end)
-        if begin >= end:
-            return
-        for k in [k for k in self.writes if begin <= k < end]:
-            del self.writes[k]
-        self.cleared.append((begin, end))
 
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
         self._check_open()

@@ -595,9 +595,6 @@ class SqliteTransaction(BufferedWritesTransaction):
             self.read_version = int(row[0])
         return self._conn
 
-    def _cleared(self, key: bytes) -> bool:
-        return any(b <= key < e for b, e in self.cleared)
-
     # -- reads --------------------------------------------------------------------
 
     def _get(self, key: bytes, *, snapshot: bool) -> bytes | None:
@@ -695,15 +692,6 @@ class SqliteTransaction(BufferedWritesTransaction):
                         break
 
     # -- writes -------------------------------------------------------------------
-
-    def clear_range(self, begin: bytes, end: bytes) -> None:
-        self._check_open()
-        begin, end = self._check_range(begin, end)
-        if begin >= end:
-            return
-        for k in [k for k in self.writes if begin <= k < end]:
-            del self.writes[k]
-        self.cleared.append((begin, end))
 
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
         self._check_open()
