@@ -1101,8 +1101,8 @@ class StorageClient:
         await self.remove_chunks(inode, chains, first)
         if new_size % chunk_size:
             idx = new_size // chunk_size
-            await self._truncate_chunk(
-                inode, chain_of(chains, idx), chunk_size, idx, new_size % chunk_size
+            await self.truncate_chunk(
+                inode, chain_of(chains, idx), idx, new_size % chunk_size, chunk_size
             )
 
     async def remove_chunks(
@@ -1152,12 +1152,12 @@ class StorageClient:
         last = (end - 1) // chunk_size
         await self._bounded(
             [
-                self._truncate_chunk(
+                self.truncate_chunk(
                     inode,
                     chain_of(chains, idx),
-                    chunk_size,
                     idx,
                     min(chunk_size, end - idx * chunk_size),
+                    chunk_size,
                     only_extend=True,
                 )
                 for idx in range(first, last + 1)
@@ -1175,8 +1175,17 @@ class StorageClient:
         only_extend: bool = False,
     ) -> None:
         """Chunk-level truncate (``only_extend``: zero-extend, never shrink) on every replica."""
-        await self._truncate_chunk(
-            inode, chain_id, chunk_size, index, length, only_extend=only_extend
+        await self._update_at_head(
+            inode,
+            chain_id,
+            "TruncateChunks",
+            storage_pb2.TruncateChunksRequest,
+            storage_pb2.TruncateChunkOp,
+            f"truncate chunk {inode}:{index}",
+            chunk=storage_pb2.ChunkId(inode=inode, index=index),
+            length=length,
+            chunk_size=chunk_size,
+            only_extend=only_extend,
         )
 
     async def _remove_on_chain(self, inode: int, chain_id: int, begin: int, end: int = 0) -> int:
@@ -1190,83 +1199,55 @@ class StorageClient:
     async def _remove_once(
         self, inode: int, chain_id: int, begin: int, end: int = 0
     ) -> tuple[int, bool]:
-        channel, seq = await self._channels.acquire()
-        tag = self._tag(channel, seq)
-        deadline = Deadline(self._policy.deadline_s)
-        try:
+        r = await self._update_at_head(
+            inode,
+            chain_id,
+            "RemoveChunks",
+            storage_pb2.RemoveChunksRequest,
+            storage_pb2.RemoveChunksOp,
+            f"remove chunks {inode} on chain {chain_id}",
+            range=storage_pb2.ChunkRange(inode=inode, begin=begin, end=end),
+        )
+        return int(r.removed), bool(r.more)
 
-            async def attempt(n: int) -> tuple[int, bool]:
-                _head, node, version = self._head(self._routing(), chain_id)
-                token = await self._cap(inode, True)
-                req = storage_pb2.RemoveChunksRequest(
-                    ops=[
-                        storage_pb2.RemoveChunksOp(
-                            chain_id=chain_id,
-                            chain_version=version,
-                            range=storage_pb2.ChunkRange(inode=inode, begin=begin, end=end),
-                            tag=tag,
-                            capability=token,
-                        )
-                    ]
-                )
-                resp = await call(
-                    self._stub(node.address).RemoveChunks,
-                    req,
-                    timeout=self._timeout(deadline),
-                    what=f"storage.RemoveChunks@{node.address}",
-                )
-                r = resp.results[0]
-                if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
-                    raise self._cap_refused(inode, token, _item_error(r.error), n)
-                return int(r.removed), bool(r.more)
-
-            return await self._retry(attempt, f"remove chunks {inode} on chain {chain_id}")
-        finally:
-            await self._channels.release(channel)
-
-    async def _truncate_chunk(
+    async def _update_at_head(
         self,
         inode: int,
         chain_id: int,
-        chunk_size: int,
-        index: int,
-        length: int,
-        *,
-        only_extend: bool = False,
-    ) -> None:
+        method: str,
+        request_type: type[Any],
+        op_type: type[Any],
+        what: str,
+        **fields: Any,
+    ) -> Any:
+        """Send a one-op chunk update (``method`` of the storage service) to the chain's
+        head under the retry policy and return the op's result; a missing chunk is
+        not an error. The op is ``op_type(**fields)`` plus the chain, its version, the
+        update tag (the same for every attempt) and the capability (looked up again
+        for each attempt, as routing is)."""
         channel, seq = await self._channels.acquire()
         tag = self._tag(channel, seq)
         deadline = Deadline(self._policy.deadline_s)
         try:
 
-            async def attempt(n: int) -> None:
+            async def attempt(n: int) -> Any:
                 _head, node, version = self._head(self._routing(), chain_id)
                 token = await self._cap(inode, True)
-                req = storage_pb2.TruncateChunksRequest(
-                    ops=[
-                        storage_pb2.TruncateChunkOp(
-                            chain_id=chain_id,
-                            chain_version=version,
-                            chunk=storage_pb2.ChunkId(inode=inode, index=index),
-                            length=length,
-                            chunk_size=chunk_size,
-                            only_extend=only_extend,
-                            tag=tag,
-                            capability=token,
-                        )
-                    ]
+                op = op_type(
+                    chain_id=chain_id, chain_version=version, tag=tag, capability=token, **fields
                 )
                 resp = await call(
-                    self._stub(node.address).TruncateChunks,
-                    req,
+                    getattr(self._stub(node.address), method),
+                    request_type(ops=[op]),
                     timeout=self._timeout(deadline),
-                    what=f"storage.TruncateChunks@{node.address}",
+                    what=f"storage.{method}@{node.address}",
                 )
                 r = resp.results[0]
                 if r.error.code and r.error.code != Code.CHUNK_NOT_FOUND:
                     raise self._cap_refused(inode, token, _item_error(r.error), n)
+                return r
 
-            await self._retry(attempt, f"truncate chunk {inode}:{index}")
+            return await self._retry(attempt, what)
         finally:
             await self._channels.release(channel)
 

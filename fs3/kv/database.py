@@ -29,6 +29,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TypeVar
 
+from fs3 import faults
 from fs3.errors import Code, FsError
 
 T = TypeVar("T")
@@ -59,11 +60,21 @@ def strinc(prefix: bytes) -> bytes:
 class Transaction(ABC):
     """One serializable transaction. Not thread-safe; use from one thread."""
 
-    @abstractmethod
     def get(self, key: bytes, *, snapshot: bool = False) -> bytes | None:
-        """The value of ``key`` or None. Non-snapshot reads join the conflict set."""
+        """The value of ``key`` or None. Non-snapshot reads join the conflict set.
+
+        Checks the key and passes the ``kv.get`` fault point here, for every engine
+        alike; engines implement :meth:`_get`.
+        """
+        self._check_open()
+        self.check_key(key)
+        faults.maybe_fail("kv.get")
+        return self._get(bytes(key), snapshot=snapshot)
 
     @abstractmethod
+    def _get(self, key: bytes, *, snapshot: bool) -> bytes | None:
+        """:meth:`get` after its checks; ``key`` is ``bytes``."""
+
     def get_range(
         self,
         begin: bytes,
@@ -78,7 +89,28 @@ class Transaction(ABC):
         ``limit`` > 0 caps the number of pairs. A non-snapshot read adds the range
         actually covered (up to the last key returned when limited) to the
         read-conflict set.
+
+        The argument checks and the ``kv.get_range`` fault point live here so every
+        engine rejects bad input alike; engines implement :meth:`_get_range`.
         """
+        self._check_open()
+        self.check_key(begin)
+        self.check_key(end)
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise FsError(
+                Code.INVALID_ARGUMENT, f"get_range limit must be an int >= 0, not {limit!r}"
+            )
+        begin, end = bytes(begin), bytes(end)
+        faults.maybe_fail("kv.get_range")
+        if begin >= end:
+            return []
+        return self._get_range(begin, end, limit=limit, reverse=reverse, snapshot=snapshot)
+
+    @abstractmethod
+    def _get_range(
+        self, begin: bytes, end: bytes, *, limit: int, reverse: bool, snapshot: bool
+    ) -> list[KeyValue]:
+        """:meth:`get_range` after its checks: ``begin < end``, both ``bytes``."""
 
     @abstractmethod
     def set(self, key: bytes, value: bytes) -> None:
@@ -111,6 +143,10 @@ class Transaction(ABC):
 
     # Helpers shared by every engine -------------------------------------------
 
+    @abstractmethod
+    def _check_open(self) -> None:
+        """Raise if the transaction was committed or cancelled."""
+
     @staticmethod
     def check_key(key: bytes) -> None:
         if not isinstance(key, bytes | bytearray):
@@ -135,10 +171,10 @@ class BufferedWritesTransaction(Transaction):
     until commit: the memory and sqlite engines share this; FDB buffers itself."""
 
     writes: dict[bytes, bytes | None]
+    cleared: list[tuple[bytes, bytes]]  # ranges cleared by this transaction
 
-    @abstractmethod
-    def _check_open(self) -> None:
-        """Raise if the transaction was committed or cancelled."""
+    def _cleared(self, key: bytes) -> bool:
+        return any(b <= key < e for b, e in self.cleared)
 
     def set(self, key: bytes, value: bytes) -> None:
         self._check_open()
@@ -150,6 +186,17 @@ class BufferedWritesTransaction(Transaction):
         self._check_open()
         self.check_key(key)
         self.writes[bytes(key)] = None
+
+    def clear_range(self, begin: bytes, end: bytes) -> None:
+        self._check_open()
+        self.check_key(begin)
+        self.check_key(end)
+        begin, end = bytes(begin), bytes(end)
+        if begin >= end:
+            return
+        for k in [k for k in self.writes if begin <= k < end]:
+            del self.writes[k]
+        self.cleared.append((begin, end))
 
 
 class Database(ABC):

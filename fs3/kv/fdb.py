@@ -139,39 +139,18 @@ class FdbTransaction(Transaction):
     def _reader(self, snapshot: bool) -> Any:
         return self.tr.snapshot if snapshot else self.tr
 
-    def get(self, key: bytes, *, snapshot: bool = False) -> bytes | None:
-        self._check_open()
-        self.check_key(key)
-        faults.maybe_fail("kv.get")
+    def _get(self, key: bytes, *, snapshot: bool) -> bytes | None:
         try:
-            value = self._reader(snapshot).get(bytes(key)).value
+            value = self._reader(snapshot).get(key).value
         except self.db._fdb.FDBError as e:
             raise self.db._error(e, in_commit=False) from e
         return None if value is None else bytes(value)
 
-    def get_range(
-        self,
-        begin: bytes,
-        end: bytes,
-        *,
-        limit: int = 0,
-        reverse: bool = False,
-        snapshot: bool = False,
+    def _get_range(
+        self, begin: bytes, end: bytes, *, limit: int, reverse: bool, snapshot: bool
     ) -> list[KeyValue]:
-        self._check_open()
-        self.check_key(begin)
-        self.check_key(end)
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-            raise FsError(
-                Code.INVALID_ARGUMENT, f"get_range limit must be an int >= 0, not {limit!r}"
-            )
-        faults.maybe_fail("kv.get_range")
-        if bytes(begin) >= bytes(end):
-            return []
         try:
-            rng = self._reader(snapshot).get_range(
-                bytes(begin), bytes(end), limit=limit, reverse=reverse
-            )
+            rng = self._reader(snapshot).get_range(begin, end, limit=limit, reverse=reverse)
             return [(bytes(kv.key), bytes(kv.value)) for kv in rng]
         except self.db._fdb.FDBError as e:
             raise self.db._error(e, in_commit=False) from e

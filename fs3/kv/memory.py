@@ -139,14 +139,7 @@ class MemoryTransaction(BufferedWritesTransaction):
         if self.done:
             raise FsError(Code.INTERNAL, "transaction already committed or cancelled")
 
-    def _cleared(self, key: bytes) -> bool:
-        return any(b <= key < e for b, e in self.cleared)
-
-    def get(self, key: bytes, *, snapshot: bool = False) -> bytes | None:
-        self._check_open()
-        self.check_key(key)
-        key = bytes(key)
-        faults.maybe_fail("kv.get")
+    def _get(self, key: bytes, *, snapshot: bool) -> bytes | None:
         if not snapshot:
             self.read_ranges.append((key, key_after(key)))
         if key in self.writes:
@@ -156,26 +149,9 @@ class MemoryTransaction(BufferedWritesTransaction):
         with self.db._lock:
             return self.db._value_at(key, self.read_version)
 
-    def get_range(
-        self,
-        begin: bytes,
-        end: bytes,
-        *,
-        limit: int = 0,
-        reverse: bool = False,
-        snapshot: bool = False,
+    def _get_range(
+        self, begin: bytes, end: bytes, *, limit: int, reverse: bool, snapshot: bool
     ) -> list[KeyValue]:
-        self._check_open()
-        self.check_key(begin)
-        self.check_key(end)
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-            raise FsError(
-                Code.INVALID_ARGUMENT, f"get_range limit must be an int >= 0, not {limit!r}"
-            )
-        begin, end = bytes(begin), bytes(end)
-        faults.maybe_fail("kv.get_range")
-        if begin >= end:
-            return []
         with self.db._lock:
             base = self.db._range_at(begin, end, self.read_version)
         merged: dict[bytes, bytes] = {k: v for k, v in base if not self._cleared(k)}
@@ -194,17 +170,6 @@ class MemoryTransaction(BufferedWritesTransaction):
         elif not snapshot:
             self.read_ranges.append((begin, end))
         return [(k, merged[k]) for k in keys]
-
-    def clear_range(self, begin: bytes, end: bytes) -> None:
-        self._check_open()
-        self.check_key(begin)
-        self.check_key(end)
-        begin, end = bytes(begin), bytes(end)
-        if begin >= end:
-            return
-        for k in [k for k in self.writes if begin <= k < end]:
-            del self.writes[k]
-        self.cleared.append((begin, end))
 
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
         self._check_open()

@@ -595,16 +595,9 @@ class SqliteTransaction(BufferedWritesTransaction):
             self.read_version = int(row[0])
         return self._conn
 
-    def _cleared(self, key: bytes) -> bool:
-        return any(b <= key < e for b, e in self.cleared)
-
     # -- reads --------------------------------------------------------------------
 
-    def get(self, key: bytes, *, snapshot: bool = False) -> bytes | None:
-        self._check_open()
-        self.check_key(key)
-        key = bytes(key)
-        faults.maybe_fail("kv.get")
+    def _get(self, key: bytes, *, snapshot: bool) -> bytes | None:
         conn = self._snapshot()
         if not snapshot:
             self.read_ranges.append((key, key_after(key)))
@@ -638,24 +631,9 @@ class SqliteTransaction(BufferedWritesTransaction):
         except sqlite3.Error as e:
             raise _to_fserror(e, "get_range") from e
 
-    def get_range(
-        self,
-        begin: bytes,
-        end: bytes,
-        *,
-        limit: int = 0,
-        reverse: bool = False,
-        snapshot: bool = False,
+    def _get_range(
+        self, begin: bytes, end: bytes, *, limit: int, reverse: bool, snapshot: bool
     ) -> list[KeyValue]:
-        self._check_open()
-        begin, end = self._check_range(begin, end)
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-            raise FsError(
-                Code.INVALID_ARGUMENT, f"get_range limit must be an int >= 0, not {limit!r}"
-            )
-        faults.maybe_fail("kv.get_range")
-        if begin >= end:
-            return []
         conn = self._snapshot()
         # Own writes in the range, in output order, merged with the stored rows.
         local = sorted(
@@ -714,15 +692,6 @@ class SqliteTransaction(BufferedWritesTransaction):
                         break
 
     # -- writes -------------------------------------------------------------------
-
-    def clear_range(self, begin: bytes, end: bytes) -> None:
-        self._check_open()
-        begin, end = self._check_range(begin, end)
-        if begin >= end:
-            return
-        for k in [k for k in self.writes if begin <= k < end]:
-            del self.writes[k]
-        self.cleared.append((begin, end))
 
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
         self._check_open()

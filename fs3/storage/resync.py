@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import Any
 
 from fs3.errors import Code, FsError
 from fs3.logs import event
@@ -125,18 +126,23 @@ class ResyncManager:
         chain, cver = t.chain_id, t.chain_version
         timeout = max(self.rep.cfg.forward_timeout_s, 30.0)
         event(log, "sync start", chain=chain, version=cver, target=succ, node=node.node_id)
-        resp = await call(
-            stub.SyncStart,
-            storage_pb2.SyncStartRequest(
-                chain_id=chain,
-                chain_version=cver,
-                target_id=succ,
-                from_target_id=t.target_id,
-                capability=self.rep.service_token(),
-            ),
-            timeout=timeout,
-            what=f"SyncStart@target{succ}",
-        )
+
+        async def sync_call(name: str, request: type[Any]) -> Any:
+            """``name`` (SyncStart or SyncDone) on the successor for this chain version."""
+            return await call(
+                getattr(stub, name),
+                request(
+                    chain_id=chain,
+                    chain_version=cver,
+                    target_id=succ,
+                    from_target_id=t.target_id,
+                    capability=self.rep.service_token(),
+                ),
+                timeout=timeout,
+                what=f"{name}@target{succ}",
+            )
+
+        resp = await sync_call("SyncStart", storage_pb2.SyncStartRequest)
         remote = {ChunkKey(m.chunk.inode, m.chunk.index): m for m in resp.metas}
         # Same event-loop step as the listing (no await between): every update still in
         # flight holds or awaits its chunk lock. One admitted under the previous chain
@@ -171,18 +177,7 @@ class ResyncManager:
         await asyncio.gather(*(one(k, False) for k in transfers))
         if t.chain_version != cver:
             raise FsError(Code.CHAIN_VERSION_MISMATCH, f"chain {chain} changed during sync")
-        await call(
-            stub.SyncDone,
-            storage_pb2.SyncDoneRequest(
-                chain_id=chain,
-                chain_version=cver,
-                target_id=succ,
-                from_target_id=t.target_id,
-                capability=self.rep.service_token(),
-            ),
-            timeout=timeout,
-            what=f"SyncDone@target{succ}",
-        )
+        await sync_call("SyncDone", storage_pb2.SyncDoneRequest)
         return len(removes), len(transfers)
 
     async def _transfer(

@@ -62,6 +62,15 @@ Scatter = Callable[[bytes | memoryview, int], "list[memoryview] | None"]
 Into = memoryview | Scatter
 
 
+def _scattered(scatter: Scatter, body: bytes | memoryview, length: int) -> list[memoryview] | None:
+    """The caller's buffers for a ``length``-byte payload; None if it refused or they
+    do not add up to ``length`` (the payload then goes to a scratch buffer)."""
+    views = scatter(body, length)
+    if views is not None and sum(len(v) for v in views) == length:
+        return views
+    return None
+
+
 def _unavailable(what: str, why: str) -> FsError:
     return FsError(Code.UNAVAILABLE, f"{what}: {why}", retryable=True)
 
@@ -196,8 +205,8 @@ class ClientConnection(FrameReceiver):
         if kind == MESSAGE:
             st = self._streams.get(request_id)
             if st is not None and st.into is not None:
-                views = st.into(body, length)
-                if views is not None and sum(len(v) for v in views) == length:
+                views = _scattered(st.into, body, length)
+                if views is not None:
                     return views
             return memoryview(bytearray(length))
         dest = self._dests.get(request_id)
@@ -206,8 +215,8 @@ class ClientConnection(FrameReceiver):
                 if len(dest) >= length:
                     return dest[:length]
             else:
-                views = dest(body, length)
-                if views is not None and sum(len(v) for v in views) == length:
+                views = _scattered(dest, body, length)
+                if views is not None:
                     return views
         return memoryview(bytearray(length))
 
@@ -489,14 +498,9 @@ class NativeChannel:
     ) -> StreamFactory:
         return StreamFactory(self, method, response_deserializer, client_streaming=True)
 
-    def stream_unary(
-        self,
-        method: str,
-        request_serializer: Any = None,
-        response_deserializer: Any = None,
-        **_: Any,
-    ) -> StreamFactory:
-        return StreamFactory(self, method, response_deserializer, client_streaming=True)
+    # A stream-unary call streams its requests like a stream-stream one, so the same
+    # client-streaming call object serves both.
+    stream_unary = stream_stream
 
     async def close(self) -> None:
         self._closed = True
