@@ -277,6 +277,15 @@ class FrameReceiver(asyncio.BufferedProtocol):
             n = self._end - self._start
             self._buf[:n] = self._buf[self._start : self._end]  # (a copy: the ranges may overlap)
             self._start, self._end = 0, n
+            if n == len(self._buf):
+                # Full of whole frames not parsed yet: the transport resumed reading before
+                # the deferred parse of what arrived while parsing was paused (a connection's
+                # credential check, flow control) has run. The transport must never get an
+                # empty buffer (it closes the connection), so take a larger one; it happens
+                # only in that window and the paused reading bounds what was sent into it.
+                grown = bytearray(2 * len(self._buf))
+                grown[:n] = self._buf
+                self._buf, self._view = grown, memoryview(grown)
         return self._view[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:

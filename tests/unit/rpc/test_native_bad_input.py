@@ -174,3 +174,36 @@ def test_peer_that_stops_reading_is_disconnected(caplog: Any) -> None:
     assert len(lines) == 1 and "peer stopped reading" in lines[0], lines
     unsent = int(lines[0].split("(")[1].split()[0])
     assert unsent < 8 << 20, f"{unsent} bytes buffered for a peer that does not read"
+
+
+@pytest.mark.timeout(10)
+def test_a_receive_buffer_full_of_unparsed_frames_still_gives_the_transport_room() -> None:
+    """Frames that arrive while parsing is paused fill the buffer; when reading resumes
+    before the deferred parse runs, get_buffer must still hand out space (an empty buffer
+    makes the transport close the connection: seen as resets between storage nodes)."""
+    from fs3.rpc.native import wire
+
+    async def main() -> None:
+        got: list[int] = []
+
+        class Rx(wire.FrameReceiver):
+            def frame_received(self, kind, flags, method_id, request_id, timeout_ms, body, payload):  # type: ignore[no-untyped-def]
+                got.append(request_id)
+
+        rx = Rx()
+        rx._parse_paused = True
+        frame = wire.pack(wire.MESSAGE, wire.HAS_MESSAGE, 1, 7, 0, b"x" * 1000, 0)
+        sent = 0
+        while True:
+            buf = rx.get_buffer(-1)
+            assert len(buf) > 0
+            n = min(len(buf), len(frame) - sent % len(frame))
+            buf[:n] = frame[sent % len(frame) : sent % len(frame) + n]
+            rx.buffer_updated(n)
+            sent += n
+            if sent >= 2 * wire.RECV_BUFFER_BYTES:
+                break
+        rx.resume_parsing()
+        assert len(got) == sent // len(frame)
+
+    asyncio.run(main())
