@@ -170,6 +170,19 @@ class Routing:
     def has_target(self, target_id: int) -> bool:
         return target_id in self._targets
 
+    def target_alive(self, target_id: int) -> bool:
+        """Registered and last reported up-to-date or online by its node.
+
+        mgmtd builds new chains only from such targets; a storage node reports
+        its targets offline for a moment after it starts, so "registered" alone
+        is not enough to create a chain table.
+        """
+        t = self._targets.get(target_id)
+        return t is not None and t.local_state in (
+            mgmtd_pb2.LOCAL_STATE_UPTODATE,
+            mgmtd_pb2.LOCAL_STATE_ONLINE,
+        )
+
     def node(self, node_id: int) -> mgmtd_pb2.NodeInfo:
         n = self._nodes.get(node_id)
         if n is None:

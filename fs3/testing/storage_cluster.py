@@ -131,7 +131,7 @@ class InProcessCluster:
         for i in range(self.n):
             await self.start_node(i)
         await self.wait(
-            lambda r: all(r.has_target(t) for t in self.target_ids()), what="targets registered"
+            lambda r: all(r.target_alive(t) for t in self.target_ids()), what="targets alive"
         )
         if self.create_table:
             await self.admin.create_chain_table(1, self.replicas)

@@ -69,7 +69,7 @@ def test_kill9_storage_process_then_resync(cluster: procs.MiniCluster) -> None:
         cl = ChunkClient(admin, "tcp", retry_deadline_s=30.0)
         try:
             await _wait(
-                admin, lambda r: all(r.has_target(t) for t in (101, 201, 301)), 20, "registration"
+                admin, lambda r: all(r.target_alive(t) for t in (101, 201, 301)), 20, "registration"
             )
             mark("registered")
             await admin.create_chain_table(1, 3)

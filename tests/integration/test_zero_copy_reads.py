@@ -67,7 +67,7 @@ async def _serving(admin: MgmtdClient, timeout_s: float = 30.0) -> Routing:
         except FsError:
             info = None
         r = Routing(info) if info is not None else Routing.empty()
-        if not created and all(r.has_target(t) for t in (101, 201, 301)):
+        if not created and all(r.target_alive(t) for t in (101, 201, 301)):
             try:
                 await admin.create_chain_table(1, 3)
                 created = True
