@@ -125,29 +125,38 @@ class GroupCommit(Generic[T]):
         if ticket.error is not None:
             raise ticket.error
 
-    @contextlib.contextmanager
-    def exclusive(self, *, wait: bool = True) -> Iterator[bool]:
-        """Hold off batches: yields True while no batch is written and none starts.
+    def try_exclusive(self) -> bool:
+        """Take the store for a request of one's own if it is idle with nothing queued.
 
-        ``wait=True`` waits for the batch in progress (closing the store under it);
-        ``wait=False`` yields False at once unless the store is idle with nothing
-        queued - a fast path for a request that can commit on its own, which
-        queued requests then wait for like for a batch.
+        A fast path for a request that can commit on its own (no waiting, no
+        batch): True means no batch starts until :meth:`end_exclusive`, and
+        requests submitted meanwhile wait for it as for a batch; False means the
+        store is busy and the request should be submitted.
         """
         with self._cv:
-            if wait:
-                while self._leading:
-                    self._cv.wait()
-            elif self._leading or self._queue:
-                yield False
-                return
+            if self._leading or self._queue:
+                return False
+            self._leading = True
+            return True
+
+    def end_exclusive(self) -> None:
+        """End what :meth:`try_exclusive` (True) or :meth:`exclusive` began."""
+        with self._cv:
+            self._leading = False
+            self._cv.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Wait for the batch in progress and hold off new ones for the block (closing the
+        store under the batches)."""
+        with self._cv:
+            while self._leading:
+                self._cv.wait()
             self._leading = True
         try:
-            yield True
+            yield
         finally:
-            with self._cv:
-                self._leading = False
-                self._cv.notify_all()
+            self.end_exclusive()
 
     def _run(self, batch: list[_Ticket[T]]) -> None:
         """Write ``batch`` and record every member's outcome (never raises)."""

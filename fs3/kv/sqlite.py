@@ -30,7 +30,7 @@ and the fsync, not the SQL, bounds a busy meta server. So commits of one process
 share SQLite write transactions, through :class:`fs3.group_commit.GroupCommit`
 (the mechanism the storage targets' chunk rows use too). A transaction that
 finds nobody committing and nobody queued takes the fast path above on its own
-(:meth:`GroupCommit.exclusive` without waiting). Otherwise it queues; the
+(:meth:`GroupCommit.try_exclusive`). Otherwise it queues; the
 batch's leader opens one ``BEGIN IMMEDIATE``, validates and applies each
 transaction in turn under its own savepoint and version (a conflicting one
 aborts alone: its savepoint is never written), and COMMITs once. Every
@@ -399,10 +399,13 @@ class SqliteDatabase(Database):
         queues for the next batch (:meth:`_commit_batch`).
         """
         if conn is not None:
-            with self._group.exclusive(wait=False) as alone:
-                if alone and self._commit_alone(tr, conn):
-                    return
-            if not alone:
+            if self._group.try_exclusive():
+                try:
+                    if self._commit_alone(tr, conn):
+                        return
+                finally:
+                    self._group.end_exclusive()
+            else:
                 self._release(conn)  # no snapshot pinned while waiting
         self._group.submit(tr)
 

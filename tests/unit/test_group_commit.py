@@ -78,8 +78,7 @@ def test_requests_queued_behind_a_write_share_one_batch_and_return_after_it() ->
         with store.lock:
             assert item in store.durable, f"{item} acknowledged before its batch was written"
 
-    with gc.exclusive() as held:  # as if a batch were in the middle of its fsync
-        assert held
+    with gc.exclusive():  # as if a batch were in the middle of its fsync
         threads, results = submit_all(gc, items, acknowledged_only_when_durable)
         wait_queued(gc, len(items))
         assert not results, "nobody is acknowledged before its batch is written"
@@ -174,7 +173,7 @@ def test_max_batch_splits_the_queue_and_nobody_returns_before_its_own_batch() ->
     assert sorted(store.durable) == sorted(items)
 
 
-def test_exclusive_without_waiting_only_when_idle() -> None:
+def test_try_exclusive_only_when_idle_and_exclusive_waits_for_the_batch() -> None:
     store = Store()
     gate = threading.Event()
     entered = threading.Event()
@@ -185,17 +184,26 @@ def test_exclusive_without_waiting_only_when_idle() -> None:
         return store.write(items)
 
     gc: GroupCommit[str] = GroupCommit(slow)
-    with gc.exclusive(wait=False) as alone:
-        assert alone
+    assert gc.try_exclusive()
+    gc.end_exclusive()
     threads, results = submit_all(gc, ["a"])
     assert entered.wait(10)
-    with gc.exclusive(wait=False) as alone:
-        assert not alone, "a batch is being written"
+    assert not gc.try_exclusive(), "a batch is being written"
+    closed: list[list[str]] = []
+
+    def close() -> None:
+        with gc.exclusive():  # waits for the batch in progress
+            closed.append(list(store.durable))
+
+    closer = threading.Thread(target=close)
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive() and not closed, "exclusive() must wait for the batch"
     gate.set()
-    join(threads)
-    assert results == {"a": "ok"}
-    with gc.exclusive(wait=False) as alone:
-        assert alone
+    join(threads + [closer])
+    assert results == {"a": "ok"} and closed == [["a"]]
+    assert gc.try_exclusive()
+    gc.end_exclusive()
 
 
 def test_a_write_batch_that_answers_the_wrong_number_of_outcomes_fails_loudly() -> None:

@@ -203,8 +203,7 @@ class _HeldCommits:
 
     def __init__(self, db: SqliteDatabase) -> None:
         self.db = db
-        self._held = db._group.exclusive(wait=False)
-        assert self._held.__enter__(), "the engine was busy committing"
+        assert db._group.try_exclusive(), "the engine was busy committing"
 
     def wait_queued(self, n: int, timeout_s: float = 10.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -213,7 +212,7 @@ class _HeldCommits:
             time.sleep(0.01)
 
     def release(self) -> None:
-        self._held.__exit__(None, None, None)
+        self.db._group.end_exclusive()
 
 
 def _commit_in_thread(tr, results: dict, name: str) -> threading.Thread:
