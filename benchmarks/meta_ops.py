@@ -30,6 +30,12 @@ side by side compare.
   python benchmarks/meta_ops.py --cluster DIR/fs3.cluster --mount MNT [--files 2000] [--runs 3]
                                 [--block 50]
 
+With ``--hop`` (no mount needed): what the Python API's hand-off to the
+client's loop thread costs per stat, the same stats through ``Client.stat``
+and awaited inside the loop, in alternating blocks.
+
+  python benchmarks/meta_ops.py --cluster DIR/fs3.cluster --mount - --hop [--files 300]
+
 Growth mode (``--growth N``): one meta server; Create (with its open session) and
 Lookup latency, medians of ``--probe`` sequential ops, with 1,000 and then N
 entries in one directory (filled with Mknod, ``--concurrency`` in flight), and
@@ -616,6 +622,62 @@ def budget_round(kinds: list[PosixOps], files: int, block: int, pids: list[int])
     return out
 
 
+def bridge_hop(client: Any, files: int, block: int, runs: int) -> None:
+    """What the Python API's thread hand-off costs per stat (``--hop``).
+
+    The same stats, in alternating blocks: through ``Client.stat`` (each call
+    crosses to the client's loop thread and back: fs3.client.bridge) and as
+    one bridge call that awaits the core's path resolution for the whole block
+    inside the loop (no crossing per stat). Both send one Lookup RPC per stat.
+    """
+    import statistics
+
+    d = f"/hop-{uuid.uuid4().hex[:8]}"
+    client.mkdir(d)
+    names = [f"{d}/f{i:06d}" for i in range(files)]
+    for n in names:
+        client.open(n, "xb", buffering=0).close()
+    core, caller = client.core, client.caller
+
+    async def in_loop(batch: list[str]) -> None:
+        for n in batch:
+            await core.resolve(caller, n)
+
+    ratios: list[float] = []
+    rates: dict[str, list[float]] = {"Client.stat": [], "in the loop": []}
+    load0 = os.getloadavg()
+    try:
+        for r in range(runs):
+            for i, lo in enumerate(range(0, files, block)):
+                batch = names[lo : lo + block]
+                took = {}
+                for kind in ("Client.stat", "in the loop")[:: 1 if (i + r) % 2 == 0 else -1]:
+                    t0 = time.perf_counter()
+                    if kind == "Client.stat":
+                        for n in batch:
+                            client.stat(n)
+                    else:
+                        client.bridge.run(in_loop(batch))
+                    took[kind] = time.perf_counter() - t0
+                    rates[kind].append(len(batch) / took[kind])
+                ratios.append(took["Client.stat"] / took["in the loop"])
+    finally:
+        for n in names:
+            client.unlink(n)
+        client.rmdir(d)
+    load1 = os.getloadavg()
+    print(
+        f"\nbridge hop: {files} files x {runs} runs, blocks of {block}; "
+        f"load average {load0[0]:.2f} -> {load1[0]:.2f}"
+    )
+    for kind, v in rates.items():
+        print(f"  {kind:<12} median {statistics.median(v):,.0f} stats/s, best block {max(v):,.0f}")
+    print(
+        f"  in-loop speed / Client.stat speed, median of {len(ratios)} block pairs: "
+        f"{statistics.median(ratios):.2f}"
+    )
+
+
 def budget(cluster_file: str, mount: str, files: int, runs: int, block: int) -> int:
     import statistics
 
@@ -678,6 +740,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mount", default="", help="cluster mode: the cluster's FUSE mount point")
     ap.add_argument("--runs", type=int, default=3, help="cluster mode: rounds (median)")
     ap.add_argument("--block", type=int, default=50, help="cluster mode: ops per interleaved block")
+    ap.add_argument(
+        "--hop",
+        action="store_true",
+        help="cluster mode: only the Python API's per-call thread hand-off cost on stat",
+    )
     ap.add_argument("--growth", type=int, default=0, help="growth mode: entries in one directory")
     ap.add_argument("--probe", type=int, default=200, help="growth mode: ops per latency median")
     ap.add_argument("--inprocess", type=int, default=0, help="in-process mode: creates")
@@ -700,6 +767,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.cluster:
         if not args.mount:
             ap.error("--cluster needs --mount")
+        if args.hop:
+            import fs3
+
+            client = fs3.connect(args.cluster)
+            try:
+                bridge_hop(client, args.files, args.block, args.runs)
+            finally:
+                client.close()
+            return 0
         return budget(args.cluster, args.mount, args.files, args.runs, args.block)
     print(
         f"fs3 meta benchmark: {args.files} files, concurrency {args.concurrency}, sqlite KV, "
