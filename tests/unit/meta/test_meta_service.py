@@ -99,7 +99,7 @@ def test_lookup_path_directories_keep_their_times() -> None:
     )
     f = op.mknod(
         meta_pb2.MknodRequest(
-            user=ROOT, request_id="f", parent=b.attr.inode, name=b"f", mode=0o100644
+            user=ROOT, request_id="f", parent=b.attr.inode, name=b"f", mode=0o010644
         )
     )
     a_now = op.getattr(meta_pb2.GetAttrRequest(user=ROOT, inode=a.attr.inode)).attr
