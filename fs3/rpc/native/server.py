@@ -227,7 +227,17 @@ class _Call(NativeContext):
     takes the handler over if it suspends.
     """
 
-    __slots__ = ("task", "timed_out", "peer_cancelled", "queue", "nbytes", "method", "_cancels")
+    __slots__ = (
+        "task",
+        "timed_out",
+        "peer_cancelled",
+        "queue",
+        "nbytes",
+        "method",
+        "started",
+        "stop_requested",
+        "_cancels",
+    )
 
     def __init__(
         self,
@@ -251,6 +261,8 @@ class _Call(NativeContext):
         self.queue: asyncio.Queue[Any] | None = None
         self.nbytes = nbytes
         self._cancels = 0  # cancel() requests made before the task existed
+        self.started = False  # the task running the call has taken its first step
+        self.stop_requested = False  # stop() came before that first step
 
     # -- the asyncio.Task surface used on asyncio.current_task() ---------------------
 
@@ -271,6 +283,28 @@ class _Call(NativeContext):
 
     def done(self) -> bool:
         return self.task.done() if self.task is not None else False
+
+    # -- the server's side -------------------------------------------------------------
+
+    def stop(self) -> None:
+        """End the handler (a CANCEL frame, the deadline, the connection lost).
+
+        A task cancelled before its first step never runs its coroutine at
+        all: the call's wrapper (whose ``finally`` ends the call) would not
+        run, and a handler whose first step already ran inline would stay
+        suspended for good, keeping whatever it holds (a chunk lock: every
+        later update of that chunk then waits for it). A CANCEL frame read in
+        the same buffer as its CALL does exactly that. So before the first
+        step the request is noted, and the wrapper cancels its own task as it
+        starts (:meth:`ServerConnection._begin`), which reaches the handler
+        where it waits, as a cancellation of a running task does.
+        """
+        if self.task is None:
+            return
+        if self.started:
+            self.task.cancel()
+        else:
+            self.stop_requested = True
 
 
 class _RequestStream:
@@ -342,8 +376,7 @@ class ServerConnection(FrameReceiver):
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
         for call in list(self._calls.values()):
-            if call.task is not None:
-                call.task.cancel()
+            call.stop()
         self._calls.clear()
         if self._relay is not None:
             self._relay.front_lost()
@@ -455,7 +488,7 @@ class ServerConnection(FrameReceiver):
             call = self._calls.get(request_id)
             if call is not None and call.task is not None:
                 call.peer_cancelled = True
-                call.task.cancel()
+                call.stop()
         else:
             raise ProtocolViolation(f"a client sent a {wire.KIND_NAMES[kind]} frame")
 
@@ -635,12 +668,20 @@ class ServerConnection(FrameReceiver):
             if d <= now:
                 if call.task is not None:
                     call.timed_out = True
-                    call.task.cancel()
+                    call.stop()
             elif d < nxt:
                 nxt = d
         return nxt
 
+    @staticmethod
+    def _begin(call: _Call) -> None:
+        """First thing a call's task does: apply a :meth:`_Call.stop` that came earlier."""
+        call.started = True
+        if call.stop_requested and call.task is not None:
+            call.task.cancel()  # delivered at the handler's next suspension
+
     async def _run_unary(self, rid: int, call: _Call, coro: Any) -> None:
+        self._begin(call)
         method = call.method
         try:
             resp = await coro
@@ -665,6 +706,7 @@ class ServerConnection(FrameReceiver):
             )
 
     async def _run_stream(self, rid: int, call: _Call, agen: Any) -> None:
+        self._begin(call)
         method = call.method
         try:
             async for item in agen:
