@@ -217,8 +217,8 @@ def _resume(coro: Any, step: Any, cancel: bool = False) -> Any:
                 return stop.value
 
 
-class _Call:
-    """One call in flight.
+class _Call(NativeContext):
+    """One call in flight, and the context its handler gets (one object per call).
 
     While a unary handler runs its first step inline (see
     :meth:`ServerConnection._start_call`) there is no task yet: the call stands
@@ -229,7 +229,6 @@ class _Call:
 
     __slots__ = (
         "task",
-        "deadline",
         "timed_out",
         "peer_cancelled",
         "queue",
@@ -240,10 +239,23 @@ class _Call:
         "_cancels",
     )
 
-    def __init__(self, method: Method, nbytes: int, deadline: float | None) -> None:
+    def __init__(
+        self,
+        method: Method,
+        nbytes: int,
+        deadline: float | None,  # loop time; the connection's sweep enforces it
+        payload: wire.Payload | None,
+        peer: str,
+        principal: Any,
+    ) -> None:
+        self.payload = payload
+        self.principal = principal
+        self.reply_payload = None
+        self._detail = None
+        self._deadline = deadline
+        self.peer_name = peer
         self.method = method
         self.task: asyncio.Task[None] | None = None
-        self.deadline = deadline  # loop time; the connection's sweep enforces it
         self.timed_out = False
         self.peer_cancelled = False
         self.queue: asyncio.Queue[Any] | None = None
@@ -339,7 +351,7 @@ class ServerConnection(FrameReceiver):
         self.peer = "unknown peer"
         self.principal: Any = None  # set by the AUTH frame (fs3.rpc.auth)
         self._authing = False  # its check is running: no call is read before it ends
-        self._frames = 0
+        self._any_frame = False  # AUTH is only allowed as the first frame
 
     # -- asyncio ------------------------------------------------------------------
 
@@ -448,11 +460,14 @@ class ServerConnection(FrameReceiver):
         body: bytes | memoryview,
         payload: wire.Payload | None,
     ) -> None:
-        self._frames += 1
         if kind == CALL:
+            self._any_frame = True
             self._start_call(flags, method_id, request_id, timeout_ms, body, payload)
-        elif kind == AUTH:
-            self._authenticate(bytes(body))
+            return
+        first = not self._any_frame
+        self._any_frame = True
+        if kind == AUTH:
+            self._authenticate(bytes(body), first)
         elif kind == MESSAGE:
             call = self._calls.get(request_id)
             if call is None:
@@ -477,9 +492,9 @@ class ServerConnection(FrameReceiver):
         else:
             raise ProtocolViolation(f"a client sent a {wire.KIND_NAMES[kind]} frame")
 
-    def _authenticate(self, token: bytes) -> None:
+    def _authenticate(self, token: bytes, first: bool) -> None:
         """Check the connection's credential before reading any call (one task per connection)."""
-        if self._frames != 1:
+        if not first:
             raise ProtocolViolation("AUTH is only allowed as the first frame")
         auth = self.server.auth
         if auth is None:
@@ -535,28 +550,36 @@ class ServerConnection(FrameReceiver):
                 detail_of(FsError(Code.NOT_IMPLEMENTED, f"{what}")),
             )
             raise ProtocolViolation(what)
-        method, handler = entry
+        method, handler, unary = entry
         if rid in self._calls:
             raise ProtocolViolation(f"request id {rid} reused while its call is in flight")
-        request = self._decode(method, body) if flags & HAS_MESSAGE else None
-        if request is None and not method.client_streaming:
+        if flags & HAS_MESSAGE:
+            request = self._decode(method, body)
+        elif method.client_streaming:
+            request = None
+        else:
             raise ProtocolViolation(f"CALL of {method.path} without its request message")
         size = len(body) if payload is None else len(body) + wire.payload_len(payload)
-        deadline = self._loop.time() + timeout_ms / 1000.0 if timeout_ms else None
-        call = _Call(method, size, deadline)
         # a refused AUTH: every call of the connection is answered with the reason
-        ctx = NativeContext(payload, deadline, self.peer, self.auth_error or self.principal)
-        if not method.client_streaming and not method.server_streaming:
-            self._start_unary(rid, call, handler(request, ctx), ctx)
+        call = _Call(
+            method,
+            size,
+            self._loop.time() + timeout_ms / 1000.0 if timeout_ms else None,
+            payload,
+            self.peer,
+            self.auth_error or self.principal,
+        )
+        if unary:
+            self._start_unary(rid, call, handler(request, call))
             return
         self._register(rid, call)
         if method.client_streaming:
             call.queue = asyncio.Queue()
             if request is not None:
                 call.queue.put_nowait((request, 0))
-            coro: Any = self._run_stream(rid, call, handler(_RequestStream(self, rid, call), ctx))
+            coro: Any = self._run_stream(rid, call, handler(_RequestStream(self, rid, call), call))
         else:
-            coro = self._run_stream(rid, call, handler(request, ctx))
+            coro = self._run_stream(rid, call, handler(request, call))
         call.task = self._loop.create_task(coro)
 
     def _register(self, rid: int, call: _Call) -> None:
@@ -568,11 +591,11 @@ class ServerConnection(FrameReceiver):
         lim = self._lim
         if len(calls) >= lim.max_inflight_calls or self._inflight_bytes >= lim.max_inflight_bytes:
             self._update_reading()
-        d = call.deadline
+        d = call._deadline
         if d is not None and d < self._sweep_at:
             self.arm_deadline(d)
 
-    def _start_unary(self, rid: int, call: _Call, hc: Any, ctx: NativeContext) -> None:
+    def _start_unary(self, rid: int, call: _Call, hc: Any) -> None:
         """Run the handler's first step inline; answer at once if that finishes it.
 
         Most handlers (point reads, cached answers) finish without suspending:
@@ -582,62 +605,64 @@ class ServerConnection(FrameReceiver):
         step it stopped at is handed over, nothing runs twice. The first step
         runs in the context the task then keeps, as a task's would.
         """
-        method = call.method
         loop = self._loop
         cv = contextvars.copy_context()
         try:
             _enter_task(loop, call)
         except RuntimeError:  # called from inside a task (not from the protocol callback)
             self._register(rid, call)
-            call.task = loop.create_task(self._run_unary(rid, call, hc, ctx), context=cv)
+            call.task = loop.create_task(self._run_unary(rid, call, hc), context=cv)
             return
         try:
             step = cv.run(hc.send, None)
         except StopIteration as stop:
             if self._write_paused:
                 self._register(rid, call)
-                coro = self._run_unary(rid, call, _done(stop.value), ctx)
+                coro = self._run_unary(rid, call, _done(stop.value))
                 call.task = loop.create_task(coro, context=cv)
                 return
             try:
-                self._reply(rid, method, stop.value, ctx)
+                self._reply(rid, call, stop.value)
             except Exception as exc:
+                method = call.method
                 self._send(ERROR, method.id, rid, _error_detail(exc, method.path))
             return
         except Exception as exc:
+            method = call.method
             self._send(ERROR, method.id, rid, _error_detail(exc, method.path))
             return
         finally:
             _leave_task(loop, call)
         self._register(rid, call)
         cancel = call._cancels > 0  # the first step cancelled its own (stand-in) task
-        coro = self._run_unary(rid, call, _resume(hc, step, cancel), ctx)
+        coro = self._run_unary(rid, call, _resume(hc, step, cancel))
         call.task = loop.create_task(coro, context=cv)
 
-    def _reply(self, rid: int, method: Method, resp: Any, ctx: NativeContext) -> None:
+    def _reply(self, rid: int, call: _Call, resp: Any) -> None:
         body = resp.SerializeToString()
-        if len(body) > self.max_body:
+        n = len(body)
+        if n > self.max_body:
             # the client would drop the connection (and every call on it) for this frame
             raise FsError(
                 Code.INVALID_ARGUMENT,
-                f"{method.path}: answer of {len(body)} bytes exceeds {self.max_body}",
+                f"{call.method.path}: answer of {n} bytes exceeds {self.max_body}",
             )
-        pl = ctx.reply_payload
+        pl = call.reply_payload
         if pl is not None:
-            self._check_reply_payload(method, pl)
-            self._send(REPLY, method.id, rid, body, pl)
+            self._check_reply_payload(call.method, pl)
+            self._send(REPLY, call.method.id, rid, body, pl)
             return
         t = self._transport
         if t is not None and not self._closed:
             self.write_one(
-                t, PACK_HEADER(REPLY, HAS_MESSAGE, 0, method.id, rid, 0, len(body), 0) + body
+                t, PACK_HEADER(REPLY, HAS_MESSAGE, 0, call.method.id, rid, 0, n, 0) + body
             )
 
     def expire_deadlines(self, now: float) -> float:
         """Cancel every call past its deadline (its handler answers TIMEOUT)."""
         nxt = math.inf
         for call in list(self._calls.values()):
-            d = call.deadline
+            d = call._deadline
             if d is None or call.timed_out:
                 continue
             if d <= now:
@@ -655,14 +680,14 @@ class ServerConnection(FrameReceiver):
         if call.stop_requested and call.task is not None:
             call.task.cancel()  # delivered at the handler's next suspension
 
-    async def _run_unary(self, rid: int, call: _Call, coro: Any, ctx: NativeContext) -> None:
+    async def _run_unary(self, rid: int, call: _Call, coro: Any) -> None:
         self._begin(call)
         method = call.method
         try:
             resp = await coro
             if self._write_paused:
                 await self._writable()
-            self._reply(rid, method, resp, ctx)
+            self._reply(rid, call, resp)
         except asyncio.CancelledError:
             self._send_cancelled(rid, call)
         except Exception as exc:
@@ -867,7 +892,8 @@ class NativeServer:
     def __init__(self, limits: Limits | None = None, auth: Any = None) -> None:
         self.limits = limits or Limits()
         self.auth = auth  # fs3.rpc.auth.Authenticator; None: calls are not authenticated
-        self.handlers: dict[int, tuple[Method, Callable[..., Any]]] = {}
+        # method id -> (method, handler, unary: neither side streams)
+        self.handlers: dict[int, tuple[Method, Callable[..., Any], bool]] = {}
         self.grpc_relay_path = ""
         self._servers: list[asyncio.AbstractServer] = []
         self._connections: set[ServerConnection] = set()
@@ -878,7 +904,8 @@ class NativeServer:
             handler = getattr(servicer, m.name, None)
             # the generated base class's placeholders are plain functions: not served
             if inspect.iscoroutinefunction(handler) or inspect.isasyncgenfunction(handler):
-                self.handlers[m.id] = (m, handler)
+                unary = not m.client_streaming and not m.server_streaming
+                self.handlers[m.id] = (m, handler, unary)
 
     def _factory(self) -> ServerConnection:
         return ServerConnection(self)
