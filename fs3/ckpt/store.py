@@ -8,8 +8,9 @@ move many ``(file_offset, buffer)`` pieces with many I/Os in flight.
 * :class:`PosixStore` — any local directory. When the directory is on an fs3
   FUSE mount whose USRBIO agent answers, bulk I/O goes through USRBIO rings
   (docs: ``fs3/usrbio/api.py``): a buffer obtained from :meth:`Store.alloc` is
-  shared memory registered with the agent, so data moves with no copy;
-  other buffers are staged through a registered buffer. Otherwise it uses
+  shared memory registered with the agent, so data moves with no copy (it
+  comes from the store's :class:`LoadPool` and is reused by a later load once
+  nothing views it); other buffers are staged through a registered buffer. Otherwise it uses
   ``os.pwrite``/``os.preadv`` from a thread pool (they release the GIL).
 * :class:`ClientStore` — an fs3 path through :class:`fs3.client.file_api.Client`
   (no mount needed): the asyncio core's ``write``/``readinto`` run concurrently
@@ -250,16 +251,25 @@ class LoadPool:
 
         want = -(-nbytes // _POOL_GRAIN) * _POOL_GRAIN
         with self._lock:
-            if self._closed:
-                raise ValueError("load pool is closed")
-            fits = [p for p in self._all if not p.lent and want <= p.iov.size <= want * 9 // 8]
-            p = min(fits, key=lambda q: q.iov.size) if fits else None
-            if p is None:
-                p = _Pooled(Iov(self.mount, want))
-                self._all.append(p)
-            p.lent = True
-        # the owner object: its life is the life of every view handed out from it
-        owner = (ctypes.c_ubyte * nbytes).from_buffer(p.iov.buf[:nbytes])
+            while True:
+                if self._closed:
+                    raise ValueError("load pool is closed")
+                fits = [q for q in self._all if not q.lent and want <= q.iov.size <= want * 9 // 8]
+                p = min(fits, key=lambda q: q.iov.size) if fits else None
+                if p is None:
+                    p = _Pooled(Iov(self.mount, want))
+                    self._all.append(p)
+                p.lent = True
+                # a buffer given back meanwhile (a gc pass inside this section runs its
+                # finalizer here) may have trimmed the idle Iov picked: pick again
+                if p in self._all and not p.iov.closed:
+                    break
+            try:
+                # the owner object: its life is the life of every view handed out from it
+                owner = (ctypes.c_ubyte * nbytes).from_buffer(p.iov.buf[:nbytes])
+            except BaseException:
+                p.lent = False
+                raise
         weakref.finalize(owner, self._give_back, p)
         return memoryview(owner).cast("B")
 
