@@ -228,18 +228,25 @@ class LoadPool:
     may drop the last view) the Iov becomes idle and the next :meth:`take` of a
     similar size reuses it: no new mapping, registration or page faults. An
     Iov is never lent twice at once, so a caller's tensors are never
-    overwritten by a later load. Idle Iovs are bounded (``idle_max``) and
-    unmapped after ``idle_s`` seconds, so a process that loaded once does not
-    keep the memory. :meth:`close` unmaps the idle ones and deregisters lent
-    ones, whose memory stays while their views do.
+    overwritten by a later load. Idle Iovs are bounded (``idle_max`` of them,
+    ``idle_bytes`` in all) and unmapped after ``idle_s`` seconds, so a process
+    that loaded once does not keep the memory. :meth:`close` unmaps the idle
+    ones and deregisters lent ones, whose memory stays while their views do.
     """
 
     def __init__(
-        self, mount: str, *, idle_s: float = POOL_IDLE_S, idle_max: int = POOL_IDLE_MAX
+        self,
+        mount: str,
+        *,
+        idle_s: float = POOL_IDLE_S,
+        idle_max: int = POOL_IDLE_MAX,
+        idle_bytes: int | None = None,
     ) -> None:
         self.mount = mount
         self.idle_s = idle_s
         self.idle_max = idle_max
+        # idle memory is RAM (tmpfs) that nobody uses: at most a quarter of /dev/shm
+        self.idle_bytes = _shm_size() // 4 if idle_bytes is None else idle_bytes
         self._all: list[_Pooled] = []
         self._lock = threading.RLock()  # the return callback may run inside a locked section (gc)
         self._closed = False
@@ -293,9 +300,14 @@ class LoadPool:
                 self._drop(p)
                 return
             p.idle_since = time.monotonic()
-            idle = sorted((q for q in self._all if not q.lent), key=lambda q: q.idle_since)
-            for q in idle[: max(0, len(idle) - self.idle_max)]:
-                self._drop(q)
+            # the newest first; older ones past idle_max or idle_bytes are unmapped now
+            idle = sorted((q for q in self._all if not q.lent), key=lambda q: -q.idle_since)
+            kept = held = 0
+            for q in idle:
+                if kept >= self.idle_max or held + q.iov.size > self.idle_bytes:
+                    self._drop(q)
+                else:
+                    kept, held = kept + 1, held + q.iov.size
             self._schedule(self.idle_s)
 
     def _schedule(self, delay: float) -> None:
@@ -616,6 +628,17 @@ class PosixStore(Store):
         if self._loads is not None:
             self._loads.close()
             self._loads = None
+
+
+def _shm_size() -> int:
+    """Bytes /dev/shm can hold (0 if it cannot be told)."""
+    from fs3.transport.region import SHM_DIR
+
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return 0
+    return st.f_blocks * st.f_frsize
 
 
 def _shm_free() -> int:

@@ -235,6 +235,14 @@ def test_usrbio_load_pool_reuses_memory_only_once_released(fuse_cluster: Process
         time.sleep(0.02)
     assert p2.sizes() == ([], [])
     p2.close()
+    # ... and at once past idle_bytes
+    p3 = LoadPool(c.store.mount, idle_bytes=3 << 20)
+    small, big = p3.take(1 << 20), p3.take(3 << 20)
+    del small
+    assert p3.sizes() == ([4 << 20], [2 << 20])
+    del big  # 4 MiB idle alone is past the cap: unmapped
+    assert p3.sizes() == ([], [2 << 20])
+    p3.close()
     # closing the store deregisters the lent Iov; the tensors keep their memory
     c.close()
     assert pool.sizes() == ([], [])
