@@ -246,7 +246,7 @@ class LoadPool:
         self.idle_s = idle_s
         self.idle_max = idle_max
         # idle memory is RAM (tmpfs) that nobody uses: at most a quarter of /dev/shm
-        self.idle_bytes = _shm_size() // 4 if idle_bytes is None else idle_bytes
+        self.idle_bytes = _shm_bytes(free=False) // 4 if idle_bytes is None else idle_bytes
         self._all: list[_Pooled] = []
         self._lock = threading.RLock()  # the return callback may run inside a locked section (gc)
         self._closed = False
@@ -417,7 +417,7 @@ class PosixStore(Store):
         shared memory (/dev/shm): a buffer that would take more than half of
         what is free there is process memory instead (staged).
         """
-        if self.mount is None or nbytes == 0 or nbytes > _shm_free() // 2:
+        if self.mount is None or nbytes == 0 or nbytes > _shm_bytes(free=True) // 2:
             return super().alloc(nbytes)
         with self._lock:
             if self._loads is None:
@@ -630,26 +630,15 @@ class PosixStore(Store):
             self._loads = None
 
 
-def _shm_size() -> int:
-    """Bytes /dev/shm can hold (0 if it cannot be told)."""
+def _shm_bytes(*, free: bool) -> int:
+    """Bytes free in /dev/shm (``free``) or its whole size; USRBIO Iovs live there (0: unknown)."""
     from fs3.transport.region import SHM_DIR
 
     try:
         st = os.statvfs(SHM_DIR)
     except OSError:
         return 0
-    return st.f_blocks * st.f_frsize
-
-
-def _shm_free() -> int:
-    """Bytes free in /dev/shm, where USRBIO Iovs live (0 if it cannot be told)."""
-    from fs3.transport.region import SHM_DIR
-
-    try:
-        st = os.statvfs(SHM_DIR)
-    except OSError:
-        return 0
-    return st.f_bavail * st.f_frsize
+    return (st.f_bavail if free else st.f_blocks) * st.f_frsize
 
 
 def _pwrite_all(fd: int, s: Segment) -> None:
