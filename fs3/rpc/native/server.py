@@ -15,8 +15,9 @@ One :class:`ServerConnection` per peer:
   ``max_inflight_bytes`` request bytes (bodies + payloads + queued stream
   messages) are in flight, or while the peer is not reading our replies, the
   connection stops reading (TCP backpressure reaches the sender); replies wait
-  for the transport to drain; a peer that has not read for ``stall_timeout_s``
-  is disconnected. Memory per connection is therefore bounded by the limits,
+  for the transport to drain; a peer that has not read anything (no byte of
+  the write buffer drained) for ``stall_timeout_s`` is disconnected; a slow
+  peer that keeps reading is not. Memory per connection is therefore bounded by the limits,
   whatever the peer sends;
 * a malformed frame (bad kind or length, unknown method, undecodable body,
   payload above the maximum) closes that connection with one log line; every
@@ -346,6 +347,7 @@ class ServerConnection(FrameReceiver):
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
         self._stall: asyncio.TimerHandle | None = None
+        self._stall_unsent = 0  # write buffer size when the stall timer was last armed
         self._closed = False
         self._relay: GrpcRelay | None = None
         self.peer = "unknown peer"
@@ -387,7 +389,7 @@ class ServerConnection(FrameReceiver):
             self._drained = self._loop.create_future()
         self._update_reading()
         if self._stall is None:
-            self._stall = self._loop.call_later(self._lim.stall_timeout_s, self._stalled)
+            self._arm_stall()
 
     def resume_writing(self) -> None:
         self._write_paused = False
@@ -398,9 +400,25 @@ class ServerConnection(FrameReceiver):
             self._drained.set_result(None)
         self._update_reading()
 
+    def _arm_stall(self) -> None:
+        assert self._transport is not None
+        self._stall_unsent = self._transport.get_write_buffer_size()
+        self._stall = self._loop.call_later(self._lim.stall_timeout_s, self._stalled)
+
     def _stalled(self) -> None:
+        """``stall_timeout_s`` after the timer was armed: if the write buffer went
+        down since, the peer is reading, only slowly: watch another period. A peer
+        that reads nothing is closed after ``stall_timeout_s``, one that stops
+        reading later within twice that.
+
+        While writing is paused the replies wait for the drain, so the buffer only
+        grows by the odd frame written regardless (errors, cancels): it shrinking
+        is bytes the peer took."""
         self._stall = None
         if self._closed or self._transport is None:
+            return
+        if self._transport.get_write_buffer_size() < self._stall_unsent:
+            self._arm_stall()
             return
         log.warning(
             "closing native connection from %s: peer stopped reading (%d bytes unsent for %.0f s)",
