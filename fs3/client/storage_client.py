@@ -951,12 +951,18 @@ class StorageClient:
         transport can for this node and buffer, else as the frame's payload
         received straight into dest (native RPC), else inline (gRPC).
         """
-        frame = self._pool.carries_payload and not self.transport.one_sided(node.address, dest)
         complete: ReadCompletion = _noop_complete
-        if frame:
-            ref = frame_ref(len(dest))
+        # the steady state of a USRBIO ring: its Iov already mapped by the node, no setup
+        ready = self.transport.read_ref_ready(node.address, dest)
+        if ready is not None:
+            frame = False
+            ref = ready
         else:
-            ref, complete = await self.transport.read_ref(node.address, node.data_address, dest)
+            frame = self._pool.carries_payload and not self.transport.one_sided(node.address, dest)
+            if frame:
+                ref = frame_ref(len(dest))
+            else:
+                ref, complete = await self.transport.read_ref(node.address, node.data_address, dest)
         io = storage_pb2.ReadIO(
             chain_id=p.chain_id,
             chain_version=version,
@@ -1006,7 +1012,7 @@ class StorageClient:
                     retryable=True,
                 )
             dest[:got] = r.data
-        elif ref is not None:  # a frame's bytes were received into dest with the answer
+        elif ref is not None and complete is not _noop_complete:  # staged: copy into dest
             await complete(got)
         if self.verify_read_checksums and got and crc32c.crc32c(dest[:got]) != r.checksum:
             self.stats["checksum_errors"] += 1
