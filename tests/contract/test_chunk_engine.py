@@ -253,16 +253,27 @@ def test_nowait_reads_come_from_the_page_cache_or_refuse(tmp_path: Path) -> None
         dest = memoryview(bytearray(4096))
         got = e.read_into(K, 8192, 4096, dest, nowait=True)
         assert got is not None and bytes(dest) == data[8192:12288]
-        # evicted (clean pages after the fsync): the disk would be needed, so it refuses
+        # evicted (clean pages after the fsync): the disk is needed, so it refuses rather
+        # than wait. RWF_NOWAIT promises no wait, not a refusal: the refused read starts
+        # the kernel's readahead, which a fast disk may finish before the page is looked
+        # at again, and then the read is served (verified, so the bytes must be right).
         fd = os.open(e.data_dir / meta.file, os.O_RDONLY)
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-        with pytest.raises(BlockingIOError):
-            e.read(K, 16384, 4096, nowait=True)
-        with pytest.raises(BlockingIOError):
-            e.read_into(K, 20480, 4096, dest, nowait=True)
+        try:
+            got_bytes = e.read(K, 16384, 4096, nowait=True)[1]
+        except BlockingIOError:
+            pass
+        else:
+            assert got_bytes == data[16384:20480]
+        try:
+            n = e.read_into(K, 20480, 4096, dest, nowait=True)
+        except BlockingIOError:
+            pass
+        else:
+            assert n is not None and bytes(dest) == data[20480:24576]
         assert e.read(K, 16384, 4096)[1] == data[16384:20480]  # without nowait: from the disk
     finally:
         e.close()
