@@ -812,14 +812,22 @@ class Replicator:
     ) -> storage_pb2.IOResult:
         """One ``Update`` RPC to a successor, the payload through the forwarding transport.
 
-        Over the native RPC transport (unless forwarding uses shm) the payload is
-        the frame's bulk payload: sent from ``payload`` as is, received by the
-        successor straight into its own buffer.
+        A successor the forwarding transport reaches through shared memory (shm;
+        auto: a same-host successor) gets the payload staged there
+        (:meth:`ClientTransport.forward_ref`). Otherwise, over the native RPC, the
+        payload is the frame's bulk payload: sent from ``payload`` as is, received
+        by the successor into a buffer of its own.
         """
         sent: Awaitable[None] | None = None
         bulk: memoryview | None = None
         if payload is not None:
-            if self.peers.carries_payload and (self.forward is None or self.forward.kind != "shm"):
+            staged = None
+            if self.forward is not None:
+                staged = await self.forward.forward_ref(address, data_address, memoryview(payload))
+            if staged is not None:  # through shared memory (a same-host successor)
+                fio.data.CopyFrom(staged[0])
+                sent = staged[1]
+            elif self.peers.carries_payload:
                 bulk = memoryview(payload)
                 fio.data.CopyFrom(frame_ref(len(bulk)))
             elif self.forward is not None:

@@ -10,7 +10,9 @@ same buffer (:mod:`fs3.rpc.native.wire`). ``auto`` picks per I/O:
 * the node is on this host (its region socket, through which a client hands
   it a region's descriptor, is reachable: :mod:`fs3.transport.shm`) **and** the
   buffer lies inside a registered region (Iovs, registered by the USRBIO agent
-  through :meth:`register_region`) -> shm;
+  through :meth:`register_region`) or a staging arena it was taken from
+  (:meth:`staging_buffer`: the write-behind engine's buffers, written in shm
+  in the first place) -> shm;
 * anything else -> the storage client sends a ``frame`` ref (native RPC), or,
   over gRPC, the bytes inline. A buffer outside every region is never staged:
   copying it into shm would cost the copy the frame receive avoids.
@@ -70,7 +72,7 @@ class AutoClientTransport(ShmClientTransport):
 
     def one_sided(self, node_address: str, buf: memoryview) -> bool:
         self._last = None
-        if not self._regions or not self.node_is_local(node_address):
+        if not (self._regions or self._staging.arenas) or not self.node_is_local(node_address):
             return False
         found = super()._locate(memoryview(buf))
         if found is None:
@@ -79,6 +81,14 @@ class AutoClientTransport(ShmClientTransport):
         # the storage client asks for the ref of this very buffer next: spare it a second lookup
         self._last = (node_address, buf, found)
         return True
+
+    async def forward_ref(
+        self, node_address: str, data_address: str, data: memoryview
+    ) -> tuple[transport_pb2.DataRef, Awaitable[None]] | None:
+        """Staged into shm for a same-host successor (see the base class), a frame otherwise."""
+        if not self.node_is_local(node_address):
+            return None
+        return await ShmClientTransport.write_ref(self, node_address, data_address, data)
 
     def _located(self, node_address: str, buf: memoryview) -> tuple[ShmRegion, int] | None:
         """Where ``buf`` lies if it moves one-sided to this node (the last answer reused)."""

@@ -589,6 +589,11 @@ class ShmClientTransport(ClientTransport):
     def one_sided(self, node_address: str, buf: memoryview) -> bool:
         return True  # every buffer: in place, or staged into an arena
 
+    async def forward_ref(
+        self, node_address: str, data_address: str, data: memoryview
+    ) -> tuple[transport_pb2.DataRef, Awaitable[None]] | None:
+        return await ShmClientTransport.write_ref(self, node_address, data_address, data)
+
     @property
     def regions(self) -> list[ShmRegion]:
         """Regions usable in place: registered ones plus staging arenas."""
