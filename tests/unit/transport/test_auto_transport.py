@@ -44,9 +44,14 @@ def test_one_sided_only_for_registered_regions_on_local_nodes() -> None:
     asyncio.run(main())
 
 
-def test_staging_buffers_are_one_sided_on_local_nodes() -> None:
+def test_staging_buffers_are_one_sided_on_local_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
     """The write-behind buffer is written in a staging arena: a same-host node reads it
-    there (no socket copy); another host gets it as the frame's payload."""
+    there (no socket copy) once the arena is registered on it; until then, and for another
+    host, it goes as the frame's payload. A write never waits for the registration."""
+    import fs3.transport.shm as shm_mod
+
+    sent: list[str] = []
+    monkeypatch.setattr(shm_mod, "send_region", lambda path, cid, region, timeout: sent.append(cid))
 
     async def main() -> None:
         t = AutoClientTransport("c3", is_local=lambda addr: addr == LOCAL)
@@ -55,19 +60,17 @@ def test_staging_buffers_are_one_sided_on_local_nodes() -> None:
         buf, release = got
         try:
             buf[:5] = b"hello"
+            assert not t.one_sided(LOCAL, buf)  # not registered there yet: started, frame now
+            assert not t.one_sided(LOCAL, buf)  # still under way: no second registration
+            await asyncio.gather(*list(t._bg))
+            assert sent == ["c3"]
             assert t.one_sided(LOCAL, buf)
             assert not t.one_sided(REMOTE, buf)
             assert not t.one_sided(LOCAL, memoryview(bytearray(4096)))  # still never staged
-            registered: list[str] = []
-
-            async def fake_register(node: str, region: ShmRegion) -> None:
-                registered.append(node)
-
-            t._ensure_registered = fake_register  # type: ignore[method-assign]
             assert t.one_sided(LOCAL, buf)
             ref, _ = await t.write_ref(LOCAL, "", buf)
             assert ref_kind(ref) == "shm" and ref.shm.length == 1 << 20
-            assert registered == [LOCAL]
+            assert sent == ["c3"]  # registered once
             ref, _ = await t.write_ref(REMOTE, "", buf)
             # gRPC RPCs only; over native RPC the storage client sends a frame
             assert is_inline(ref)
