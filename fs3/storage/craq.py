@@ -49,6 +49,7 @@ from fs3.storage import metrics as M
 from fs3.storage.chunk_engine import ChunkKey, ChunkMeta, PendingUpdate, crc32c
 from fs3.storage.target import L_OFFLINE, StorageTarget, TargetMap
 from fs3.transport.base import ClientTransport, frame_ref, frame_slice, ref_kind
+from fs3.transport.shm import regions_lost
 
 log = logging.getLogger("fs3.storage.craq")
 
@@ -842,13 +843,18 @@ class Replicator:
             to_target_id=to_target,
             capability=self.service_token(),
         )
-        resp = await call(
-            self.peers.stub(address).Update,
-            req,
-            timeout=self.cfg.forward_timeout_s,
-            what=f"Update@target{to_target}",
-            payload=bulk,
-        )
+        try:
+            resp = await call(
+                self.peers.stub(address).Update,
+                req,
+                timeout=self.cfg.forward_timeout_s,
+                what=f"Update@target{to_target}",
+                payload=bulk,
+            )
+        except FsError as e:
+            if self.forward is None:
+                raise
+            raise regions_lost(self.forward, address, e) from None
         if sent is not None:
             await sent
         return resp.result

@@ -151,3 +151,39 @@ def test_a_node_that_cannot_map_our_memory_falls_back(monkeypatch: pytest.Monkey
             region.close()
 
     asyncio.run(main())
+
+
+def test_a_restarted_node_that_forgot_our_regions_is_retried_after_registering_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node that restarted answers "unknown shm region": the write's error becomes
+    retryable and the node's registrations are forgotten, so the retry registers again."""
+    import fs3.transport.shm as shm_mod
+    from fs3.transport.shm import UNKNOWN_REGION, regions_lost
+
+    monkeypatch.setattr(shm_mod, "send_region", lambda path, cid, region, timeout: None)
+
+    async def main() -> None:
+        t = AutoClientTransport("c5", is_local=lambda addr: addr == LOCAL)
+        got = t.staging_buffer(4096)
+        assert got is not None
+        buf, release = got
+        try:
+            assert not t.one_sided(LOCAL, buf)
+            await asyncio.gather(*list(t._bg))
+            assert t.one_sided(LOCAL, buf)
+            other = FsError(Code.INVALID_ARGUMENT, "offset out of range")
+            assert regions_lost(t, LOCAL, other) is other  # any other error: as it was
+            assert t.one_sided(LOCAL, buf)
+            e = regions_lost(t, LOCAL, FsError(Code.INVALID_ARGUMENT, f"{UNKNOWN_REGION} r1"))
+            assert e.code == Code.TRANSPORT and e.retryable
+            assert not t.one_sided(LOCAL, buf)  # registering again, a frame meanwhile
+            await asyncio.gather(*list(t._bg))
+            assert t.one_sided(LOCAL, buf)
+        finally:
+            del buf
+            release()
+            t._last = None
+            await t.close()
+
+    asyncio.run(main())
