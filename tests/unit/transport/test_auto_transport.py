@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -14,6 +16,20 @@ from fs3.transport.shm import ShmClientTransport
 pytestmark = pytest.mark.timeout(20)
 
 LOCAL, REMOTE = "127.0.0.1:1", "10.9.9.9:1"
+
+
+@contextlib.asynccontextmanager
+async def staged(t: AutoClientTransport, size: int) -> AsyncIterator[memoryview]:
+    """A staging buffer of ``t`` (as the write-behind engine takes one); closes ``t`` after."""
+    got = t.staging_buffer(size)
+    assert got is not None
+    buf, release = got
+    try:
+        yield buf
+    finally:
+        release()
+        t._last = None
+        await t.close()
 
 
 def test_one_sided_only_for_registered_regions_on_local_nodes() -> None:
@@ -55,10 +71,7 @@ def test_staging_buffers_are_one_sided_on_local_nodes(monkeypatch: pytest.Monkey
 
     async def main() -> None:
         t = AutoClientTransport("c3", is_local=lambda addr: addr == LOCAL)
-        got = t.staging_buffer(1 << 20)
-        assert got is not None
-        buf, release = got
-        try:
+        async with staged(t, 1 << 20) as buf:
             buf[:5] = b"hello"
             assert not t.one_sided(LOCAL, buf)  # not registered there yet: started, frame now
             assert not t.one_sided(LOCAL, buf)  # still under way: no second registration
@@ -75,11 +88,6 @@ def test_staging_buffers_are_one_sided_on_local_nodes(monkeypatch: pytest.Monkey
             # gRPC RPCs only; over native RPC the storage client sends a frame
             assert is_inline(ref)
             assert t.stats["one_sided"] == 2
-        finally:
-            del buf
-            release()
-            t._last = None
-            await t.close()
 
     asyncio.run(main())
 
@@ -165,10 +173,7 @@ def test_a_restarted_node_that_forgot_our_regions_is_retried_after_registering_a
 
     async def main() -> None:
         t = AutoClientTransport("c5", is_local=lambda addr: addr == LOCAL)
-        got = t.staging_buffer(4096)
-        assert got is not None
-        buf, release = got
-        try:
+        async with staged(t, 4096) as buf:
             assert not t.one_sided(LOCAL, buf)
             await asyncio.gather(*list(t._bg))
             assert t.one_sided(LOCAL, buf)
@@ -180,10 +185,5 @@ def test_a_restarted_node_that_forgot_our_regions_is_retried_after_registering_a
             assert not t.one_sided(LOCAL, buf)  # registering again, a frame meanwhile
             await asyncio.gather(*list(t._bg))
             assert t.one_sided(LOCAL, buf)
-        finally:
-            del buf
-            release()
-            t._last = None
-            await t.close()
 
     asyncio.run(main())
