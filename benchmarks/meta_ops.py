@@ -18,12 +18,23 @@ Usage: python benchmarks/meta_ops.py [--files 10000] [--dirs 100] [--servers 1,2
 
 Cluster mode (``--cluster``): the per-operation budget of one sequential client,
 through the FUSE mount (``--mount``) and through the Python API (``fs3.connect``,
-no FUSE), interleaved in the same run (``--runs`` rounds, medians reported):
-create+close of empty files (O_CREAT|O_EXCL), stat, readdir, unlink, each in a
-fresh directory, plus the CPU seconds the cluster's meta servers spent per
-create+close (``/proc/PID/stat`` of the pids in the cluster's state.json).
+no FUSE), in the same run (``--runs`` rounds, medians reported): create+close of
+empty files (O_CREAT|O_EXCL), stat, readdir, unlink, each kind in its own fresh
+directory, plus the CPU the cluster's meta servers spent per operation
+(``/proc/PID/stat`` of the pids in the cluster's state.json). Every phase runs
+the two kinds in alternating blocks of ``--block`` operations and reports the
+median of the per-block-pair ratios beside the whole-phase one: on a shared
+host the machine's speed changes within seconds, and only operations run
+side by side compare.
 
   python benchmarks/meta_ops.py --cluster DIR/fs3.cluster --mount MNT [--files 2000] [--runs 3]
+                                [--block 50]
+
+With ``--hop`` (no mount needed): what the Python API's hand-off to the
+client's loop thread costs per stat, the same stats through ``Client.stat``
+and awaited inside the loop, in alternating blocks.
+
+  python benchmarks/meta_ops.py --cluster DIR/fs3.cluster --mount - --hop [--files 300]
 
 Growth mode (``--growth N``): one meta server; Create (with its open session) and
 Lookup latency, medians of ``--probe`` sequential ops, with 1,000 and then N
@@ -531,38 +542,143 @@ class ApiOps(PosixOps):
             self.c.bridge.run(flush())
 
 
-def budget_round(ops: PosixOps, files: int, pids: list[int]) -> dict[str, float]:
-    d = f"mb-{uuid.uuid4().hex[:8]}"
-    ops.mkdir(d)
-    names = [f"{d}/f{i:06d}" for i in range(files)]
-    out: dict[str, float] = {}
-    c0 = cpu_seconds(pids)
-    t0 = time.perf_counter()
-    for n in names:
-        ops.create(n)
-    out["create"] = files / (time.perf_counter() - t0)
-    ops.settle()
-    time.sleep(0.2)  # let the FUSE daemon's asynchronous releases reach meta
-    out["meta_cpu_ms_per_create"] = (cpu_seconds(pids) - c0) / files * 1000
-    t0 = time.perf_counter()
-    for n in names:
-        ops.stat(n)
-    out["stat"] = files / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    got = ops.listdir(d)
-    out["readdir"] = got / (time.perf_counter() - t0)
-    assert got == files, (got, files)
-    c0 = cpu_seconds(pids)
-    t0 = time.perf_counter()
-    for n in names:
-        ops.unlink(n)
-    out["unlink"] = files / (time.perf_counter() - t0)
-    out["meta_cpu_ms_per_unlink"] = (cpu_seconds(pids) - c0) / files * 1000
-    ops.rmdir(d)
+def _timed_blocks(
+    kinds: list[PosixOps],
+    work: dict[str, list[str]],
+    block: int,
+    op: Callable[[PosixOps, str], Any],
+    pids: list[int],
+) -> tuple[dict[str, float], dict[str, float], list[float]]:
+    """Run ``op`` over each kind's names in alternating blocks of ``block``.
+
+    Block i of every kind runs back to back (the order flips every block), so
+    the two figures of a block pair saw the same machine: on a shared host
+    whose speed swings several-fold within seconds, the median of the per-pair
+    ratios is what compares the kinds, not whole phases run one after another.
+    Returns (ops/s per kind, meta CPU ms per op per kind, per-block ratios of
+    the second kind's speed to the first's).
+    """
+    secs = {k.label: 0.0 for k in kinds}
+    cpu = {k.label: 0.0 for k in kinds}
+    ratios: list[float] = []
+    n = len(work[kinds[0].label])
+    for i, lo in enumerate(range(0, n, block)):
+        took: dict[str, float] = {}
+        for k in kinds if i % 2 == 0 else kinds[::-1]:
+            names = work[k.label][lo : lo + block]
+            c0 = cpu_seconds(pids)
+            t0 = time.perf_counter()
+            for name in names:
+                op(k, name)
+            took[k.label] = time.perf_counter() - t0
+            cpu[k.label] += cpu_seconds(pids) - c0
+            secs[k.label] += took[k.label]
+        ratios.append(took[kinds[0].label] / took[kinds[1].label])
+    return (
+        {k: n / v for k, v in secs.items()},
+        {k: v / n * 1000 for k, v in cpu.items()},
+        ratios,
+    )
+
+
+def budget_round(kinds: list[PosixOps], files: int, block: int, pids: list[int]) -> dict[str, Any]:
+    """One round: create, stat, readdir, unlink, each phase block-interleaved over the kinds.
+
+    Each kind works in its own fresh directory. Between the create and stat
+    phases the kernel's entry and attribute caches of the mount expire
+    (``entry_timeout_s``/``attr_timeout_s``, 1 s by default), as they have for
+    most files in the benchmark suite's stat phase (5,000 creates take longer
+    than that), so a FUSE stat is a LOOKUP that reaches meta.
+    """
+    dirs = {k.label: f"mb-{uuid.uuid4().hex[:8]}" for k in kinds}
+    for k in kinds:
+        k.mkdir(dirs[k.label])
+    names = {k.label: [f"{dirs[k.label]}/f{i:06d}" for i in range(files)] for k in kinds}
+    out: dict[str, Any] = {}
+
+    def record(phase: str, res: tuple[dict[str, float], dict[str, float], list[float]]) -> None:
+        rates, cpu, ratios = res
+        for label, v in rates.items():
+            out.setdefault(label, {})[phase] = v
+            out[label][f"meta_cpu_ms_per_{phase}"] = cpu[label]
+        out.setdefault("ratios", {})[phase] = ratios
+
+    record("create", _timed_blocks(kinds, names, block, lambda k, n: k.create(n), pids))
+    for k in kinds:
+        k.settle()
+    time.sleep(1.2)  # past the mount's entry/attr timeouts (see the docstring)
+    record("stat", _timed_blocks(kinds, names, block, lambda k, n: k.stat(n), pids))
+    listed = {}
+    for k in kinds:
+        t0 = time.perf_counter()
+        got = k.listdir(dirs[k.label])
+        listed[k.label] = got / (time.perf_counter() - t0)
+        assert got == files, (k.label, got, files)
+        out[k.label]["readdir"] = listed[k.label]
+    out["ratios"]["readdir"] = [listed[kinds[1].label] / listed[kinds[0].label]]
+    record("unlink", _timed_blocks(kinds, names, block, lambda k, n: k.unlink(n), pids))
+    for k in kinds:
+        k.rmdir(dirs[k.label])
     return out
 
 
-def budget(cluster_file: str, mount: str, files: int, runs: int) -> int:
+def bridge_hop(client: Any, files: int, block: int, runs: int) -> None:
+    """What the Python API's thread hand-off costs per stat (``--hop``).
+
+    The same stats, in alternating blocks: through ``Client.stat`` (each call
+    crosses to the client's loop thread and back: fs3.client.bridge) and as
+    one bridge call that awaits the core's path resolution for the whole block
+    inside the loop (no crossing per stat). Both send one Lookup RPC per stat.
+    """
+    import statistics
+
+    d = f"/hop-{uuid.uuid4().hex[:8]}"
+    client.mkdir(d)
+    names = [f"{d}/f{i:06d}" for i in range(files)]
+    for n in names:
+        client.open(n, "xb", buffering=0).close()
+    core, caller = client.core, client.caller
+
+    async def in_loop(batch: list[str]) -> None:
+        for n in batch:
+            await core.resolve(caller, n)
+
+    ratios: list[float] = []
+    rates: dict[str, list[float]] = {"Client.stat": [], "in the loop": []}
+    load0 = os.getloadavg()
+    try:
+        for r in range(runs):
+            for i, lo in enumerate(range(0, files, block)):
+                batch = names[lo : lo + block]
+                took = {}
+                for kind in ("Client.stat", "in the loop")[:: 1 if (i + r) % 2 == 0 else -1]:
+                    t0 = time.perf_counter()
+                    if kind == "Client.stat":
+                        for n in batch:
+                            client.stat(n)
+                    else:
+                        client.bridge.run(in_loop(batch))
+                    took[kind] = time.perf_counter() - t0
+                    rates[kind].append(len(batch) / took[kind])
+                ratios.append(took["Client.stat"] / took["in the loop"])
+    finally:
+        for n in names:
+            client.unlink(n)
+        client.rmdir(d)
+    load1 = os.getloadavg()
+    print(
+        f"\nbridge hop: {files} files x {runs} runs, blocks of {block}; "
+        f"load average {load0[0]:.2f} -> {load1[0]:.2f}"
+    )
+    for kind, v in rates.items():
+        print(f"  {kind:<12} median {statistics.median(v):,.0f} stats/s, best block {max(v):,.0f}")
+    print(
+        f"  in-loop speed / Client.stat speed, median of {len(ratios)} block pairs: "
+        f"{statistics.median(ratios):.2f}"
+    )
+
+
+def budget(cluster_file: str, mount: str, files: int, runs: int, block: int) -> int:
     import statistics
 
     import fs3
@@ -570,38 +686,42 @@ def budget(cluster_file: str, mount: str, files: int, runs: int) -> int:
     pids = meta_pids(cluster_file)
     load0 = os.getloadavg()
     client = fs3.connect(cluster_file)
+    rounds: list[dict[str, Any]] = []
     try:
         kinds: list[PosixOps] = [PosixOps(mount), ApiOps(client)]
-        results: dict[str, list[dict[str, float]]] = {k.label: [] for k in kinds}
         for r in range(runs):
+            res = budget_round(kinds, files, block, pids)
+            rounds.append(res)
             for k in kinds:
-                res = budget_round(k, files, pids)
-                results[k.label].append(res)
                 print(
                     f"run {r + 1} {k.label:<10} "
-                    + "  ".join(f"{m}={v:,.3f}" for m, v in res.items()),
+                    + "  ".join(f"{m}={v:,.3f}" for m, v in res[k.label].items()),
                     flush=True,
                 )
     finally:
         client.close()
     load1 = os.getloadavg()
-    metrics = [
-        "create",
-        "stat",
-        "readdir",
-        "unlink",
-        "meta_cpu_ms_per_create",
-        "meta_cpu_ms_per_unlink",
-    ]
-    med = {k: {m: statistics.median(x[m] for x in v) for m in metrics} for k, v in results.items()}
+    phases = ["create", "stat", "readdir", "unlink"]
+    metrics = phases + [f"meta_cpu_ms_per_{p}" for p in ("create", "stat", "unlink")]
+    med = {
+        label: {m: statistics.median(r[label][m] for r in rounds) for m in metrics}
+        for label in ("FUSE", "Python API")
+    }
     print(
-        f"\n{files} files per round, median of {runs}; load average {load0[0]:.2f} -> {load1[0]:.2f}"
+        f"\n{files} files per kind per round, blocks of {block}, {runs} rounds; "
+        f"load average {load0[0]:.2f} -> {load1[0]:.2f}"
     )
-    print("| metric | FUSE | Python API | API / FUSE |")
-    print("|---|---:|---:|---:|")
+    print(
+        "| metric | FUSE | Python API | API / FUSE (whole phases) | API / FUSE (median of block pairs) |"
+    )
+    print("|---|---:|---:|---:|---:|")
     for m in metrics:
         f, a = med["FUSE"][m], med["Python API"][m]
-        print(f"| {m} | {f:,.3f} | {a:,.3f} | {a / f if f else 0:.2f} |")
+        paired = ""
+        if m in phases:
+            pairs = [x for r in rounds for x in r["ratios"][m]]
+            paired = f"{statistics.median(pairs):.2f} ({len(pairs)} pairs)"
+        print(f"| {m} | {f:,.3f} | {a:,.3f} | {a / f if f else 0:.2f} | {paired} |")
     return 0
 
 
@@ -619,6 +739,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", default="", help="cluster mode: the cluster file")
     ap.add_argument("--mount", default="", help="cluster mode: the cluster's FUSE mount point")
     ap.add_argument("--runs", type=int, default=3, help="cluster mode: rounds (median)")
+    ap.add_argument("--block", type=int, default=50, help="cluster mode: ops per interleaved block")
+    ap.add_argument(
+        "--hop",
+        action="store_true",
+        help="cluster mode: only the Python API's per-call thread hand-off cost on stat",
+    )
     ap.add_argument("--growth", type=int, default=0, help="growth mode: entries in one directory")
     ap.add_argument("--probe", type=int, default=200, help="growth mode: ops per latency median")
     ap.add_argument("--inprocess", type=int, default=0, help="in-process mode: creates")
@@ -641,7 +767,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.cluster:
         if not args.mount:
             ap.error("--cluster needs --mount")
-        return budget(args.cluster, args.mount, args.files, args.runs)
+        if args.hop:
+            import fs3
+
+            client = fs3.connect(args.cluster)
+            try:
+                bridge_hop(client, args.files, args.block, args.runs)
+            finally:
+                client.close()
+            return 0
+        return budget(args.cluster, args.mount, args.files, args.runs, args.block)
     print(
         f"fs3 meta benchmark: {args.files} files, concurrency {args.concurrency}, sqlite KV, "
         f"{os.cpu_count()} cpus",

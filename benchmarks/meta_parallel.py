@@ -87,6 +87,13 @@ def cpu_s(pid: int) -> float:
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs so far (``/proc/stat``; idle and iowait count as idle)."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    total = sum(f[:8])  # user nice system idle iowait irq softirq steal
+    return total - f[3] - f[4], total
+
+
 def one_run(
     mode: str, k: int, n: int, mounts: list[str], cluster_file: str, meta_pids: list[int], run: int
 ) -> dict[str, Any]:
@@ -113,6 +120,7 @@ def one_run(
             if line.strip() != "ready":
                 raise RuntimeError(f"{mode} worker did not start: {line!r}")
         cpu0 = [cpu_s(pid) for pid in meta_pids]
+        busy0, total0 = machine_jiffies()
         for p in procs:
             assert p.stdin is not None
             p.stdin.write("go\n")
@@ -122,6 +130,7 @@ def one_run(
             out, _ = p.communicate(timeout=900)
             outs.append(json.loads(out.strip().splitlines()[-1]))
         cpu1 = [cpu_s(pid) for pid in meta_pids]
+        busy1, total1 = machine_jiffies()
     finally:
         for p in procs:
             if p.poll() is None:
@@ -135,6 +144,8 @@ def one_run(
         "meta_cpu_ms_per_create_unlink": 1000
         * sum(b - a for a, b in zip(cpu0, cpu1, strict=True))
         / total,
+        # how many of the machine's cores were busy (anything: fs3, its clients, other work)
+        "busy_cores": (busy1 - busy0) / max(1, total1 - total0) * (os.cpu_count() or 1),
         "errors": sum(o["n_errors"] for o in outs),
         "error_samples": [e for o in outs for e in o["errors"]][:5],
     }
@@ -186,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                     say(
                         f"run {run + 1}/{a.runs} {mode} x{k}: {r['creates_s']:.0f} creates/s, "
                         f"meta CPU {r['meta_cpu_ms_per_create_unlink']:.2f} ms per create+unlink, "
+                        f"{r['busy_cores']:.2f} of {os.cpu_count()} cores busy, "
                         f"errors {r['errors']} (load {load})"
                     )
     finally:
@@ -207,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{a.transport}; 4 FUSE mounts with default options. {a.files} empty files per client per run "
         f"(create = open O_CREAT|O_EXCL + close); median of {a.runs} runs (min–max).",
         "",
-        "| layout | clients | creates/s (all clients) | vs 1 client | meta CPU ms per create+unlink | errors |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| layout | clients | creates/s (all clients) | vs 1 client (medians) | vs 1 client (median of same-round ratios) | meta CPU ms per create+unlink | cores busy (machine) | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     summary: dict[str, Any] = {}
     for mode in modes:
@@ -221,6 +233,11 @@ def main(argv: list[str] | None = None) -> int:
             med = statistics.median(v)
             one = med if k == counts[0] else one
             cpu = statistics.median(r["meta_cpu_ms_per_create_unlink"] for r in rs)
+            busy = statistics.median(r["busy_cores"] for r in rs)
+            firsts = results[mode][counts[0]]
+            paired = statistics.median(
+                r["creates_s"] / f["creates_s"] for r, f in zip(rs, firsts, strict=False)
+            )
             errs = sum(r["errors"] for r in rs)
             ratio = med / one if one else None
             summary.setdefault(mode, {})[k] = {
@@ -228,12 +245,15 @@ def main(argv: list[str] | None = None) -> int:
                 "runs": v,
                 "ratio_vs_first": ratio,
                 "meta_cpu_ms": cpu,
+                "ratio_same_round": paired,
+                "busy_cores": busy,
                 "errors": errs,
                 "error_samples": [e for r in rs for e in r["error_samples"]][:5],
             }
             lines.append(
                 f"| {mode} | {k} | {med:,.0f} ({min(v):,.0f}–{max(v):,.0f}) | "
-                f"{'—' if ratio is None else f'{ratio:.2f}'} | {cpu:.2f} | {errs} |"
+                f"{'—' if ratio is None else f'{ratio:.2f}'} | {paired:.2f} | {cpu:.2f} | "
+                f"{busy:.2f} of {os.cpu_count()} | {errs} |"
             )
     md = "\n".join(lines) + "\n"
     print(md)

@@ -1,6 +1,6 @@
 """RPC plane benchmark: gRPC vs the native transport (TCP and Unix socket), one run, one table.
 
-    .venv/bin/python benchmarks/rpc.py [--calls 3000] [--mib 200] [--out FILE.md]
+    .venv/bin/python benchmarks/rpc.py [--calls 3000] [--rounds 3] [--mib 200] [--out FILE.md]
 
 What it measures (client on uvloop, servers in their own processes):
 
@@ -22,7 +22,11 @@ What it measures (client on uvloop, servers in their own processes):
   answers 1 MiB from a buffer) on the real ``RpcServer``: it measures the transport,
   not the chunk engine.
 
-Every figure of one run comes from the same machine state; the machine is
+The sequential and 64-in-flight measurements run in ``--rounds`` rounds, each
+round measuring every transport one after the other (interleaved, so a change
+of machine load between two transports is as likely either way); the table
+gives each figure's median over the rounds, and "× grpc" is the median of the
+per-round ratios (each round's are printed below the table). The machine is
 shared, so run it several times and compare medians.
 """
 
@@ -38,6 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -438,6 +443,7 @@ async def path_costs(n: int) -> tuple[float, float]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=3000, help="sequential calls per transport")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians reported)")
     ap.add_argument("--inflight-calls", type=int, default=12800)
     ap.add_argument("--mib", type=int, default=200, help="1 MiB transfers per direction")
     ap.add_argument("--out", help="append the table to this markdown file")
@@ -470,6 +476,7 @@ def main() -> int:
         serve_floor(args.serve_floor)
         return 0
 
+    load0 = os.getloadavg()[0]
     procs: list[subprocess.Popen[Any]] = []
     tmp = tempfile.TemporaryDirectory(prefix="fs3-rpcbench-")
     try:
@@ -492,39 +499,59 @@ def main() -> int:
         rows: dict[str, Any] = {}
 
         async def measure() -> None:
-            # gRPC: direct port and through the main port's relay
-            for name, addr in (("grpc", f"127.0.0.1:{grpc_port}"), ("grpc-relay", meta_addr)):
-                ch = insecure_channel(addr)
-                stub = meta_pb2_grpc.MetaServiceStub(ch)
-                cps, cpu, scpu = await seq_calls(stub, max(500, args.calls // 4), meta_pid)
-                inflight = await inflight_calls(stub, max(640, args.inflight_calls // 8))
-                rows[name] = {"seq": cps, "cpu": cpu, "scpu": scpu, "inflight": inflight}
-                await ch.close()
+            # every transport's stub, opened once; the rounds interleave them
+            grpc_channels = [
+                insecure_channel(f"127.0.0.1:{grpc_port}"),
+                insecure_channel(meta_addr),
+            ]
+            pools = {}
+            stubs: dict[str, Any] = {
+                "grpc": meta_pb2_grpc.MetaServiceStub(grpc_channels[0]),
+                "grpc-relay": meta_pb2_grpc.MetaServiceStub(grpc_channels[1]),
+            }
+            bulk_stubs = {}
             for name, uds in (("native-tcp", False), ("native-uds", True)):
-                settings.configure(RpcSection(unix_sockets=uds))
-                pool = ChannelPool("native")
-                ch = pool.get(meta_addr)
-                stub = meta_pb2_grpc.MetaServiceStub(ch)
-                cps, cpu, scpu = await seq_calls(stub, args.calls, meta_pid)
-                inflight = await inflight_calls(stub, args.inflight_calls)
-                assert ch.via == ("unix" if uds else "tcp"), ch.via
-                bstub = storage_pb2_grpc.StorageServiceStub(pool.get(bulk_addr))
-                w, r = await bulk_native(bstub, args.mib)
-                rows[name] = {
-                    "seq": cps,
-                    "cpu": cpu,
-                    "scpu": scpu,
-                    "inflight": inflight,
-                    "w": w,
-                    "r": r,
-                }
-                await pool.close()
+                settings.configure(RpcSection(unix_sockets=uds))  # read as channels are made
+                pools[name] = ChannelPool("native")
+                stubs[name] = meta_pb2_grpc.MetaServiceStub(pools[name].get(meta_addr))
+                bulk_stubs[name] = storage_pb2_grpc.StorageServiceStub(pools[name].get(bulk_addr))
             t, proto = await asyncio.get_running_loop().create_connection(
                 _FloorProtocol, "127.0.0.1", floor_port
             )
-            cps, cpu, scpu = await seq_calls(FloorStub(proto), args.calls, floor_pid)
-            rows["floor-echo"] = {"seq": cps, "cpu": cpu, "scpu": scpu}
+            stubs["floor-echo"] = FloorStub(proto)
+            pids = {name: meta_pid for name in stubs} | {"floor-echo": floor_pid}
+            seq: dict[str, list[tuple[float, float, float]]] = {name: [] for name in stubs}
+            inflight: dict[str, list[float]] = {name: [] for name in stubs if name != "floor-echo"}
+            for _ in range(args.rounds):
+                for name, stub in stubs.items():
+                    n = max(500, args.calls // 4) if name.startswith("grpc") else args.calls
+                    seq[name].append(await seq_calls(stub, n, pids[name]))
+            for _ in range(args.rounds):
+                for name in inflight:
+                    n = args.inflight_calls
+                    if name.startswith("grpc"):
+                        n = max(640, n // 8)
+                    inflight[name].append(await inflight_calls(stubs[name], n))
+            for name in ("native-tcp", "native-uds"):
+                via = pools[name].get(meta_addr).via
+                assert via == ("unix" if name == "native-uds" else "tcp"), via
+            for name, per in seq.items():
+                rows[name] = {
+                    "seq": median([x[0] for x in per]),
+                    "cpu": median([x[1] for x in per]),
+                    "scpu": median([x[2] for x in per]),
+                    "ratios": [x[0] / g[0] for x, g in zip(per, seq["grpc"], strict=True)],
+                }
+                if name in inflight:
+                    rows[name]["inflight"] = median(inflight[name])
+                    rows[name]["inflight_runs"] = inflight[name]
             t.close()
+            for ch in grpc_channels:
+                await ch.close()
+            for name, pool in pools.items():
+                rows[name]["w"], rows[name]["r"] = await bulk_native(bulk_stubs[name], args.mib)
+                assert pool.get(bulk_addr).via == pool.get(meta_addr).via
+                await pool.close()
 
         run(measure())
         pw, pr = bulk_plain(plain_port, args.mib)
@@ -541,11 +568,12 @@ def main() -> int:
                 p.kill()
         tmp.cleanup()
 
-    g = rows["grpc"]["seq"]
     lines = [
         f"RPC benchmark {time.strftime('%Y-%m-%d %H:%M:%S')} (commit {_commit()}), client on uvloop, "
-        f"{args.calls} sequential meta GetAttr, {args.inflight_calls} with 64 in flight, "
-        f"{args.mib} x 1 MiB each way, load {os.getloadavg()[0]:.1f}",
+        f"{args.rounds} interleaved rounds (medians) of {args.calls} sequential meta GetAttr "
+        f"and {args.inflight_calls} with 64 in flight, "
+        f"{args.mib} x 1 MiB each way, load {load0:.1f} at the start, "
+        f"{os.getloadavg()[0]:.1f} at the end",
         "",
         "| transport | seq calls/s | × grpc | client CPU µs/call | server CPU µs/call "
         "| 64 in flight calls/s | 1 MiB write MB/s | 1 MiB read MB/s |",
@@ -555,7 +583,7 @@ def main() -> int:
     for name in (*names, "plain-socket", "plain-uds"):
         r = rows[name]
         seq = f"{r['seq']:,.0f}" if "seq" in r else "-"
-        ratio = f"{r['seq'] / g:.1f}" if "seq" in r else "-"
+        ratio = f"{median(r['ratios']):.1f}" if "seq" in r else "-"
         cpu = f"{r['cpu']:.0f}" if "cpu" in r else "-"
         scpu = f"{r['scpu']:.0f}" if "scpu" in r else "-"
         infl = f"{r['inflight']:,.0f}" if "inflight" in r else "-"
@@ -572,6 +600,16 @@ def main() -> int:
                 rd += f", {r['r'] / ur:.2f}× plain-uds"
             w, rd = w + ")", rd + ")"
         lines.append(f"| {name} | {seq} | {ratio} | {cpu} | {scpu} | {infl} | {w} | {rd} |")
+    lines.append("")
+    for name in names[1:]:
+        r = rows[name]
+        per = ", ".join(f"{x:.1f}" for x in r["ratios"])
+        extra = ""
+        if "inflight_runs" in r:
+            extra = "; 64 in flight calls/s per round: " + ", ".join(
+                f"{x:,.0f}" for x in r["inflight_runs"]
+            )
+        lines.append(f"* {name}: × grpc per round: {per}{extra}")
     text = "\n".join(lines)
     print(text)
     if args.out:

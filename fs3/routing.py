@@ -113,7 +113,7 @@ class Routing:
     mutated afterwards.
     """
 
-    __slots__ = ("info", "_nodes", "_targets", "_chains", "_tables", "_latest_table")
+    __slots__ = ("info", "_nodes", "_targets", "_chains", "_tables", "_latest_table", "_serving")
 
     def __init__(self, info: mgmtd_pb2.RoutingInfo) -> None:
         self.info = info
@@ -122,6 +122,7 @@ class Routing:
         self._chains = {c.chain_id: c for c in info.chains}
         self._tables: dict[tuple[int, int], mgmtd_pb2.ChainTable] = {}
         self._latest_table: dict[int, mgmtd_pb2.ChainTable] = {}
+        self._serving: dict[int, list[int]] = {}  # chain -> serving_targets, computed once
         for t in info.chain_tables:
             self._tables[(t.table_id, t.version)] = t
             cur = self._latest_table.get(t.table_id)
@@ -204,8 +205,17 @@ class Routing:
         return [t.target_id for t in self.chain(chain_id).targets]
 
     def serving_targets(self, chain_id: int) -> list[int]:
-        """SERVING targets in chain order: where reads may go."""
-        return [t.target_id for t in self.chain(chain_id).targets if t.public_state == SERVING]
+        """SERVING targets in chain order: where reads may go.
+
+        Computed once per chain (every read asks; the snapshot never changes):
+        the list is shared, callers must not modify it.
+        """
+        got = self._serving.get(chain_id)
+        if got is None:
+            got = self._serving[chain_id] = [
+                t.target_id for t in self.chain(chain_id).targets if t.public_state == SERVING
+            ]
+        return got
 
     def write_targets(self, chain_id: int) -> list[int]:
         """SERVING then SYNCING targets in chain order: the path a write travels."""

@@ -218,19 +218,23 @@ def _flatten(obj: Any, *, freeze: bool = False) -> tuple[Any, list[tuple[str, An
 
 
 def _unflatten(skel: Any, tensors: dict[str, Any]) -> Any:
-    def walk(x: Any) -> Any:
-        if isinstance(x, _Ref):
-            return tensors[x.name]
-        if isinstance(x, dict):
-            d = {k: walk(v) for k, v in x.items()}
-            return collections.OrderedDict(d) if isinstance(x, collections.OrderedDict) else d
-        if isinstance(x, list):
-            return [walk(v) for v in x]
-        if isinstance(x, tuple):
-            return tuple(walk(v) for v in x)
-        return x
+    """The skeleton with each _Ref replaced by its tensor.
 
-    return walk(skel)
+    A plain recursive function, not a recursive closure: a closure refers to
+    itself through its cell, and that cycle would keep ``tensors`` (a load's
+    memory, which its store's pool takes back once the last tensor is gone)
+    alive until the next garbage-collector pass.
+    """
+    if isinstance(skel, _Ref):
+        return tensors[skel.name]
+    if isinstance(skel, dict):
+        d = {k: _unflatten(v, tensors) for k, v in skel.items()}
+        return collections.OrderedDict(d) if isinstance(skel, collections.OrderedDict) else d
+    if isinstance(skel, list):
+        return [_unflatten(v, tensors) for v in skel]
+    if isinstance(skel, tuple):
+        return tuple(_unflatten(v, tensors) for v in skel)
+    return skel
 
 
 # --------------------------------------------------------------------------- snapshot
@@ -838,26 +842,24 @@ def _load_whole_file(
         return None
     size = int(idx["data_bytes"])
     rel = f"{layout.step_dir(idx['step'])}/{idx['data']}"
-    # The tensors' final memory: on an fs3 mount a fresh USRBIO Iov, so the agent
-    # reads straight into it (no staging copy, no page faults in this process);
-    # detached from the agent once read, it lives as long as the tensors do.
+    # The tensors' final memory: on an fs3 mount a registered USRBIO Iov from the
+    # store's pool, so the agent reads straight into it (no staging copy); it goes
+    # back to the pool when the last tensor viewing it is gone, and the next load
+    # reuses its pages instead of faulting in fresh ones.
     big = store.alloc(size)
-    try:
-        ents = sorted(by.values(), key=lambda e: e.offset)
-        read_verified(
-            store, rel, [Segment(0, big[:size])] if size else [], ents,
-            [big[e.offset : e.offset + e.length] for e in ents],
-        )  # fmt: skip
-        out = {}
-        for name, m in meta.items():
-            ent = by.get(name)
-            if ent is None or not ent.length:  # an empty tensor has no bytes
-                out[name] = buffers.make_empty(m["dtype"], tuple(m["shape"]), m["fw"])
-                continue
-            view = big[ent.offset : ent.offset + ent.length]
-            out[name] = buffers.from_bytes(view, m["dtype"], tuple(m["shape"]), m["fw"])
-    finally:
-        store.free(big)  # the registration goes; the memory stays while tensors view it
+    ents = sorted(by.values(), key=lambda e: e.offset)
+    read_verified(
+        store, rel, [Segment(0, big[:size])] if size else [], ents,
+        [big[e.offset : e.offset + e.length] for e in ents],
+    )  # fmt: skip
+    out = {}
+    for name, m in meta.items():
+        ent = by.get(name)
+        if ent is None or not ent.length:  # an empty tensor has no bytes
+            out[name] = buffers.make_empty(m["dtype"], tuple(m["shape"]), m["fw"])
+            continue
+        view = big[ent.offset : ent.offset + ent.length]
+        out[name] = buffers.from_bytes(view, m["dtype"], tuple(m["shape"]), m["fw"])
     return out
 
 

@@ -8,8 +8,9 @@ move many ``(file_offset, buffer)`` pieces with many I/Os in flight.
 * :class:`PosixStore` — any local directory. When the directory is on an fs3
   FUSE mount whose USRBIO agent answers, bulk I/O goes through USRBIO rings
   (docs: ``fs3/usrbio/api.py``): a buffer obtained from :meth:`Store.alloc` is
-  shared memory registered with the agent, so data moves with no copy;
-  other buffers are staged through a registered buffer. Otherwise it uses
+  shared memory registered with the agent, so data moves with no copy (it
+  comes from the store's :class:`LoadPool` and is reused by a later load once
+  nothing views it); other buffers are staged through a registered buffer. Otherwise it uses
   ``os.pwrite``/``os.preadv`` from a thread pool (they release the GIL).
 * :class:`ClientStore` — an fs3 path through :class:`fs3.client.file_api.Client`
   (no mount needed): the asyncio core's ``write``/``readinto`` run concurrently
@@ -30,7 +31,9 @@ import mmap
 import os
 import shutil
 import threading
+import time
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -119,14 +122,11 @@ class Store:
     def alloc(self, nbytes: int) -> memoryview:
         """A host buffer of ``nbytes`` that this store's bulk I/O fills or drains with no copy if it can.
 
-        Read or write through it, then :meth:`free` it; views taken of it
-        (``buf[a:b]``, never of ``buf`` itself) stay valid after that, and the
-        memory goes with the last of them.
+        Views of it (``buf[a:b]``, tensors over them) keep the memory; a
+        store that pools such buffers reuses one only after it and every view
+        of it are gone.
         """
         return anon_memory(nbytes, populate=False)
-
-    def free(self, buf: memoryview | None) -> None:
-        """Done with bulk I/O on a buffer from :meth:`alloc` (plain memory is left to the collector)."""
 
     def write_segments(
         self, rel: str, segs: Sequence[Segment], *, size: int, inflight: int = INFLIGHT
@@ -200,6 +200,155 @@ def _io_error(rel: str, write: bool, want: int, result: int) -> OSError:
     return _short(rel, want, result)
 
 
+# --------------------------------------------------------------------------- pooled load buffers
+
+POOL_IDLE_S = 30.0  # an idle pooled buffer is unmapped after this long without a load
+POOL_IDLE_MAX = 2  # idle pooled buffers kept at most (the most recently returned)
+_POOL_GRAIN = 2 << 20  # pooled Iov sizes are multiples of this, so similar sizes share one
+
+
+class _Pooled:
+    """One Iov of a :class:`LoadPool`: lent out (its memory is some load's tensors) or idle."""
+
+    __slots__ = ("base", "idle_since", "iov", "lent")
+
+    def __init__(self, iov: Any) -> None:
+        self.iov = iov
+        self.base = _addr(iov.buf)
+        self.lent = False
+        self.idle_since = 0.0
+
+
+class LoadPool:
+    """Registered USRBIO Iovs that loads read into and hand out as tensors, reused across loads.
+
+    :meth:`take` lends ``nbytes`` of an Iov as a buffer; the tensors a load
+    builds are views of it. When the buffer and every view of it are gone
+    (tracked with :func:`weakref.finalize` on the buffer's owner, so any thread
+    may drop the last view) the Iov becomes idle and the next :meth:`take` of a
+    similar size reuses it: no new mapping, registration or page faults. An
+    Iov is never lent twice at once, so a caller's tensors are never
+    overwritten by a later load. Idle Iovs are bounded (``idle_max`` of them,
+    ``idle_bytes`` in all) and unmapped after ``idle_s`` seconds, so a process
+    that loaded once does not keep the memory. :meth:`close` unmaps the idle
+    ones and deregisters lent ones, whose memory stays while their views do.
+    """
+
+    def __init__(
+        self,
+        mount: str,
+        *,
+        idle_s: float = POOL_IDLE_S,
+        idle_max: int = POOL_IDLE_MAX,
+        idle_bytes: int | None = None,
+    ) -> None:
+        self.mount = mount
+        self.idle_s = idle_s
+        self.idle_max = idle_max
+        # idle memory is RAM (tmpfs) that nobody uses: at most a quarter of /dev/shm
+        self.idle_bytes = _shm_bytes(free=False) // 4 if idle_bytes is None else idle_bytes
+        self._all: list[_Pooled] = []
+        self._lock = threading.RLock()  # the return callback may run inside a locked section (gc)
+        self._closed = False
+        self._timer: threading.Timer | None = None
+
+    def take(self, nbytes: int) -> memoryview:
+        """``nbytes`` (> 0) of writable registered memory, exclusively the caller's while it is used."""
+        from fs3.usrbio import Iov
+
+        want = -(-nbytes // _POOL_GRAIN) * _POOL_GRAIN
+        with self._lock:
+            while True:
+                if self._closed:
+                    raise ValueError("load pool is closed")
+                fits = [q for q in self._all if not q.lent and want <= q.iov.size <= want * 9 // 8]
+                p = min(fits, key=lambda q: q.iov.size) if fits else None
+                if p is None:
+                    p = _Pooled(Iov(self.mount, want))
+                    self._all.append(p)
+                p.lent = True
+                # a buffer given back meanwhile (a gc pass inside this section runs its
+                # finalizer here) may have trimmed the idle Iov picked: pick again
+                if p in self._all and not p.iov.closed:
+                    break
+            try:
+                # the owner object: its life is the life of every view handed out from it
+                owner = (ctypes.c_ubyte * nbytes).from_buffer(p.iov.buf[:nbytes])
+            except BaseException:
+                p.lent = False
+                raise
+        weakref.finalize(owner, self._give_back, p)
+        return memoryview(owner).cast("B")
+
+    def find(self, addr: int, length: int) -> tuple[Any, int] | None:
+        """The Iov holding ``[addr, addr + length)`` and the offset there, or None."""
+        for p in tuple(self._all):
+            if p.base <= addr and addr + length <= p.base + p.iov.size:
+                return p.iov, addr - p.base
+        return None
+
+    def sizes(self) -> tuple[list[int], list[int]]:
+        """Sizes of the (lent, idle) Iovs."""
+        with self._lock:
+            return ([p.iov.size for p in self._all if p.lent],
+                    [p.iov.size for p in self._all if not p.lent])  # fmt: skip
+
+    def _give_back(self, p: _Pooled) -> None:
+        with self._lock:
+            p.lent = False
+            if self._closed or p.iov.closed:
+                self._drop(p)
+                return
+            p.idle_since = time.monotonic()
+            # the newest first; older ones past idle_max or idle_bytes are unmapped now
+            idle = sorted((q for q in self._all if not q.lent), key=lambda q: -q.idle_since)
+            kept = held = 0
+            for q in idle:
+                if kept >= self.idle_max or held + q.iov.size > self.idle_bytes:
+                    self._drop(q)
+                else:
+                    kept, held = kept + 1, held + q.iov.size
+            self._schedule(self.idle_s)
+
+    def _schedule(self, delay: float) -> None:
+        """One timer at a time runs :meth:`expire` (caller holds the lock)."""
+        if self._timer is None and not self._closed:
+            self._timer = threading.Timer(delay, self._tick)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _tick(self) -> None:
+        with self._lock:
+            self._timer = None
+            self.expire()
+            idle = [p.idle_since for p in self._all if not p.lent]
+            if idle:  # the next one due
+                self._schedule(max(0.0, min(idle) + self.idle_s - time.monotonic()))
+
+    def expire(self) -> int:
+        """Unmap the Iovs idle for ``idle_s`` or longer; returns how many."""
+        now = time.monotonic()
+        with self._lock:
+            old = [p for p in self._all if not p.lent and now - p.idle_since >= self.idle_s]
+            for p in old:
+                self._drop(p)
+        return len(old)
+
+    def _drop(self, p: _Pooled) -> None:
+        if p in self._all:
+            self._all.remove(p)
+        p.iov.close()  # deregisters and unlinks; a lent Iov's pages live on in its views
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            for p in list(self._all):
+                self._drop(p)
+
+
 # --------------------------------------------------------------------------- POSIX (+ USRBIO)
 
 
@@ -243,7 +392,7 @@ class PosixStore(Store):
         self.mount = mount
         self.kind = "usrbio" if mount else "posix"
         self._pool: ThreadPoolExecutor | None = None
-        self._iovs: list[Any] = []  # Iovs handed out by alloc (zero-copy sources/targets)
+        self._loads: LoadPool | None = None  # Iovs that alloc hands out (zero-copy targets)
         self._staging: Any = None
         self._staging_bytes = staging_bytes
         self._lock = threading.Lock()
@@ -257,41 +406,29 @@ class PosixStore(Store):
         return self._pool
 
     def alloc(self, nbytes: int) -> memoryview:
-        """On an fs3 mount: a fresh USRBIO Iov, so the agent reads into (writes from) it directly.
+        """On an fs3 mount: memory of a registered USRBIO Iov, so the agent reads into it directly.
 
-        Measured (benchmarks/ckpt.py) cheaper than staging through the hot
-        staging Iov plus a copy into fresh process memory: the agent takes the
-        new pages' faults while it receives the data, and nothing is copied.
-        The Iov is shared memory (/dev/shm): a buffer that would take more
-        than half of what is free there is process memory instead (staged).
+        The Iov comes from this store's :class:`LoadPool`: the first load of a
+        size maps a fresh one (its pages are faulted in while the data
+        arrives); once every view of a buffer is gone, the Iov goes back to the
+        pool and the next load of that size reads into memory that is already
+        mapped, registered and faulted in (measured: fresh pages cost this VM
+        about as much CPU as the read itself, benchmarks/ckpt.py). The Iov is
+        shared memory (/dev/shm): a buffer that would take more than half of
+        what is free there is process memory instead (staged).
         """
-        if self.mount is None or nbytes == 0 or nbytes > _shm_free() // 2:
+        if self.mount is None or nbytes == 0 or nbytes > _shm_bytes(free=True) // 2:
             return super().alloc(nbytes)
-        from fs3.usrbio import Iov
-
-        iov = Iov(self.mount, nbytes)
-        self._iovs.append(iov)
-        return iov.buf
-
-    def free(self, buf: memoryview | None) -> None:
-        """Deregister an Iov from :meth:`alloc`; its mapping stays while views of it exist."""
-        if buf is None or not len(buf):
-            return
-        hit = self._iov_of(buf)
-        if hit is not None:
-            self._iovs.remove(hit[0])
-            try:
-                hit[0].close()  # unlinks the file; the pages live on in the views' mapping
-            except BufferError:
-                pass  # ``buf`` itself is exported: the mapping stays until that export goes
+        with self._lock:
+            if self._loads is None:
+                self._loads = LoadPool(self.mount)
+            pool = self._loads
+        return pool.take(nbytes)
 
     def _iov_of(self, mv: memoryview) -> tuple[Any, int] | None:
-        a = _addr(mv)
-        for iov in self._iovs:
-            base = _addr(iov.buf)
-            if base <= a and a + len(mv) <= base + iov.size:
-                return iov, a - base
-        return None
+        """The registered Iov that ``mv`` lies in (and its offset there), if any."""
+        pool = self._loads
+        return pool.find(_addr(mv), len(mv)) if pool is not None else None
 
     # -- bulk
     def write_segments(
@@ -488,20 +625,20 @@ class PosixStore(Store):
         if self._staging is not None:
             self._staging.close()
             self._staging = None
-        for iov in self._iovs:
-            iov.close()
-        self._iovs.clear()
+        if self._loads is not None:
+            self._loads.close()
+            self._loads = None
 
 
-def _shm_free() -> int:
-    """Bytes free in /dev/shm, where USRBIO Iovs live (0 if it cannot be told)."""
+def _shm_bytes(*, free: bool) -> int:
+    """Bytes free in /dev/shm (``free``) or its whole size; USRBIO Iovs live there (0: unknown)."""
     from fs3.transport.region import SHM_DIR
 
     try:
         st = os.statvfs(SHM_DIR)
     except OSError:
         return 0
-    return st.f_bavail * st.f_frsize
+    return (st.f_bavail if free else st.f_blocks) * st.f_frsize
 
 
 def _pwrite_all(fd: int, s: Segment) -> None:

@@ -1031,31 +1031,47 @@ class AsyncClient:
         return length
 
     async def readinto_many(
-        self, reads: Sequence[tuple[FileHandle, int, memoryview | bytearray]]
+        self,
+        reads: Sequence[tuple[FileHandle, int, memoryview | bytearray]],
+        on_done: Callable[[list[tuple[int, int | BaseException]]], None] | None = None,
     ) -> list[int | BaseException]:
         """Several :meth:`readinto` at once (a USRBIO ring batch): one result per
         read, its byte count or its own exception.
 
         The checks, write-behind waits and lengths are those of :meth:`readinto`;
         the storage reads then go out together (:meth:`StorageClient.read_many`),
-        so a batch of 4 KiB reads costs no task per read.
+        so a batch of 4 KiB reads costs no task per read. ``on_done`` (as for
+        ``read_many``) hears of reads as they finish, indexes into ``reads``.
         """
         out: list[int | BaseException] = [0] * len(reads)
         todo: list[tuple[int, tuple[int, tuple[int, ...], int, int, Any, int]]] = []
+        early: list[tuple[int, int | BaseException]] = []
         for i, (fh, offset, buf) in enumerate(reads):
             try:
                 if fh.readahead:  # its prefetch windows belong to readinto
                     out[i] = await self.readinto(fh, offset, buf)
+                    early.append((i, out[i]))
                     continue
                 length = await self._read_length(fh, offset, len(buf))
                 if offset >= length:
+                    early.append((i, 0))
                     continue
             except FsError as e:
                 out[i] = e
+                early.append((i, e))
                 continue
             todo.append((i, (fh.inode, tuple(fh.chains), fh.chunk_size, offset, buf, length)))
+        if early and on_done is not None:
+            on_done(early)
         if todo:
-            got = await self.storage.read_many([r for _, r in todo])
+
+            def done(got: list[tuple[int, int | BaseException]]) -> None:
+                assert on_done is not None
+                on_done([(todo[k][0], r) for k, r in got])
+
+            got = await self.storage.read_many(
+                [r for _, r in todo], None if on_done is None else done
+            )
             for (i, _), r in zip(todo, got, strict=True):
                 out[i] = r
         return out

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import random
@@ -111,6 +112,9 @@ MAX_BATCH_READ_BYTES = 16 << 20
 
 # a read of read_many: (inode, chains, chunk size, file offset, destination, file length)
 ReadRequest = tuple[int, Sequence[int], int, int, "memoryview | bytearray", int]
+
+# read_many's progress callback: (index in the batch, byte count or that read's exception), ...
+ReadsDone = Callable[[list[tuple[int, "int | BaseException"]]], None]
 
 # a queued read: (io, timeout, its future, its destination when io.dest is a frame ref)
 _Queued = tuple[
@@ -879,11 +883,7 @@ class StorageClient:
                         raise FsError(e.code, e.message, errno=e.errno, retryable=True) from e
                 raise
             finally:
-                left = load[target] - 1
-                if left:
-                    load[target] = left
-                else:
-                    del load[target]
+                self._unload(target)
 
         return await self._retry(attempt, f"read chunk {inode}:{p.index}")
 
@@ -953,12 +953,18 @@ class StorageClient:
         transport can for this node and buffer, else as the frame's payload
         received straight into dest (native RPC), else inline (gRPC).
         """
-        frame = self._pool.carries_payload and not self.transport.one_sided(node.address, dest)
         complete: ReadCompletion = _noop_complete
-        if frame:
-            ref = frame_ref(len(dest))
+        # the steady state of a USRBIO ring: its Iov already mapped by the node, no setup
+        ready = self.transport.read_ref_ready(node.address, dest)
+        if ready is not None:
+            frame = False
+            ref = ready
         else:
-            ref, complete = await self.transport.read_ref(node.address, node.data_address, dest)
+            frame = self._pool.carries_payload and not self.transport.one_sided(node.address, dest)
+            if frame:
+                ref = frame_ref(len(dest))
+            else:
+                ref, complete = await self.transport.read_ref(node.address, node.data_address, dest)
         io = storage_pb2.ReadIO(
             chain_id=p.chain_id,
             chain_version=version,
@@ -1008,7 +1014,7 @@ class StorageClient:
                     retryable=True,
                 )
             dest[:got] = r.data
-        elif ref is not None:  # a frame's bytes were received into dest with the answer
+        elif ref is not None and complete is not _noop_complete:  # staged: copy into dest
             await complete(got)
         if self.verify_read_checksums and got and crc32c.crc32c(dest[:got]) != r.checksum:
             self.stats["checksum_errors"] += 1
@@ -1021,30 +1027,58 @@ class StorageClient:
             dest[got:] = bytes(len(dest) - got)  # short chunk: the rest is a hole
         return r
 
-    async def read_many(self, reads: Sequence[ReadRequest]) -> list[int | BaseException]:
+    async def read_many(
+        self, reads: Sequence[ReadRequest], on_done: ReadsDone | None = None
+    ) -> list[int | BaseException]:
         """Several file reads at once (a USRBIO ring batch); one result per read:
         the byte count (as :meth:`read`) or that read's own exception.
 
         Why: with 64 reads of 4 KiB in flight the per-read Python work is the
         cost. A read inside one chunk is queued straight on its node's batcher
-        (no task, no retry-loop setup per read) and every answer is awaited
-        together; a read that spans chunks, or whose first try fails, takes the
-        full :meth:`read` path (replica failover, retries) on its own.
+        (no task, no retry-loop setup per read); a read that spans chunks, or
+        whose first try fails, takes the full :meth:`read` path (replica
+        failover, retries) on its own.
+
+        ``on_done([(i, result), ...])`` is called as reads finish, once per group
+        that finished together (one node's answer), before the whole batch is
+        done: a USRBIO ring completes each I/O as soon as its bytes are there
+        instead of waiting for the slowest read of the batch (which kept a ring
+        in lockstep: 64 I/Os out, wait for all, 64 more).
         """
         out: list[int | BaseException] = [0] * len(reads)
-        queued: list[tuple[int, ChunkPiece, memoryview, int, Any, Any, ReadCompletion]] = []
-        slow: dict[int, Awaitable[int]] = {}
+        # finished reads, by index: a queued read's answer (its future) or a full-path read
+        ready: collections.deque[tuple[int, asyncio.Future[Any]]] = collections.deque()
+        wake = asyncio.Event()
+        queued: dict[
+            int, tuple[ChunkPiece, memoryview, int, Any, ReadCompletion, asyncio.Future[Any]]
+        ] = {}
+        slow: dict[int, asyncio.Future[int]] = {}
         routing = self._routing()
         load = self._target_load
         timeout_s = min(self._policy.rpc_timeout_s, self._policy.deadline_s)
+
+        def arrived(i: int, fut: asyncio.Future[Any]) -> None:
+            ready.append((i, fut))
+            wake.set()
+
+        def full_path(i: int) -> None:
+            inode, chains, chunk_size, offset, dest, file_length = reads[i]
+            t = asyncio.ensure_future(
+                self.read(inode, chains, chunk_size, offset, dest, file_length)
+            )
+            slow[i] = t
+            t.add_done_callback(functools.partial(arrived, i))
+
+        finished: list[tuple[int, int | BaseException]] = []
         for i, (inode, chains, chunk_size, offset, dest, file_length) in enumerate(reads):
             mv = memoryview(dest).cast("B")
             n = max(0, min(len(mv), file_length - offset))
             if n == 0:
+                finished.append((i, 0))
                 continue
             index = offset // chunk_size
             if (offset + n - 1) // chunk_size != index:
-                slow[i] = self.read(inode, chains, chunk_size, offset, mv, file_length)
+                full_path(i)
                 continue
             chain_id = chain_of(chains, index)
             p = ChunkPiece(index, chain_id, offset - index * chunk_size, n, 0, offset)
@@ -1061,33 +1095,64 @@ class StorageClient:
                     inode, p, mv[:n], node, target, version, timeout_s, token
                 )
             except FsError:
-                slow[i] = self.read(inode, chains, chunk_size, offset, mv, file_length)
+                full_path(i)
                 continue
             load[target] = load.get(target, 0) + 1
-            queued.append((i, p, mv[:n], target, fut, ref, complete))
-        if queued:
-            await asyncio.gather(*(q[4] for q in queued), return_exceptions=True)
-        for i, p, view, target, fut, ref, complete in queued:
-            left = load[target] - 1
-            if left:
-                load[target] = left
-            else:
-                del load[target]
-            try:
-                if fut.cancelled():
-                    raise FsError(Code.CANCELLED, "read cancelled", retryable=True)
-                await self._read_result(
-                    reads[i][0], p, view, target, fut.result(), ref, complete, True
-                )
-                out[i] = p.length
-            except FsError:  # the full path decides: another replica, retries, or this error
-                inode, chains, chunk_size, offset, dest, file_length = reads[i]
-                slow[i] = self.read(inode, chains, chunk_size, offset, dest, file_length)
-        if slow:
-            got = await asyncio.gather(*slow.values(), return_exceptions=True)
-            for i, r in zip(slow, got, strict=True):
-                out[i] = r
+            queued[i] = (p, mv[:n], target, ref, complete, fut)
+            fut.add_done_callback(functools.partial(arrived, i))
+        if finished and on_done is not None:
+            on_done(finished)
+        try:
+            while queued or slow:
+                if not ready:
+                    await wake.wait()
+                    wake.clear()
+                finished = []
+                while ready:
+                    i, got = ready.popleft()
+                    if i in slow:
+                        del slow[i]
+                        r: int | BaseException = (
+                            FsError(Code.CANCELLED, "read cancelled")
+                            if got.cancelled()
+                            else (got.exception() or got.result())
+                        )
+                        out[i] = r
+                        finished.append((i, r))
+                        continue
+                    p, view, target, ref, complete, _ = queued.pop(i)
+                    self._unload(target)
+                    try:
+                        if got.cancelled():
+                            raise FsError(Code.CANCELLED, "read cancelled", retryable=True)
+                        await self._read_result(
+                            reads[i][0], p, view, target, got.result(), ref, complete, True
+                        )
+                    except FsError:  # the full path: another replica, retries, or this error
+                        full_path(i)
+                        continue
+                    out[i] = p.length
+                    finished.append((i, p.length))
+                if finished and on_done is not None:
+                    on_done(finished)
+        finally:
+            if queued or slow:  # cancelled: nothing of this batch may outlive it
+                for _p, _view, target, _ref, _complete, pending in queued.values():
+                    self._unload(target)
+                    pending.cancel()
+                queued.clear()
+                for t in slow.values():
+                    t.cancel()
+                await asyncio.gather(*slow.values(), return_exceptions=True)
         return out
+
+    def _unload(self, target: int) -> None:
+        """One read to ``target`` finished (see :meth:`_least_loaded`)."""
+        left = self._target_load[target] - 1
+        if left:
+            self._target_load[target] = left
+        else:
+            del self._target_load[target]
 
     # ------------------------------------------------------------------ truncate / remove
 

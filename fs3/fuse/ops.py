@@ -1137,13 +1137,18 @@ class UsrbioBackend:
             await self.ops._settle(of.ist)
         return await self.ops._call(self.ops.client.readinto(of.h, file_offset, dest))
 
-    async def read_batch(self, ios: list[tuple[int, int, memoryview]]) -> list[int | BaseException]:
+    async def read_batch(
+        self,
+        ios: list[tuple[int, int, memoryview]],
+        on_done: Callable[[list[tuple[int, int | BaseException]]], None] | None = None,
+    ) -> list[int | BaseException]:
         """Every read of one ring batch started together (see fs3.usrbio.agent).
 
         The reads go out together on the client's loop (the agent's own loop:
         no crossing; ``readinto_many``: no task per read), so its read batcher
         sends them to each storage node as one request. Each result is the byte
-        count or that read's own exception.
+        count or that read's own exception; ``on_done`` hears of reads as they
+        finish (the agent completes them at once).
         """
         out: list[int | BaseException | None] = [None] * len(ios)
         todo: list[tuple[int, OpenFile, int, memoryview]] = []
@@ -1157,8 +1162,14 @@ class UsrbioBackend:
                 await self.ops._settle(of.ist)
             todo.append((i, of, off, dest))
         if todo:
+
+            def done(got: list[tuple[int, int | BaseException]]) -> None:
+                assert on_done is not None
+                on_done([(todo[k][0], r) for k, r in got])
+
             got = await self.ops.client.readinto_many(
-                [(of.h, off, dest) for _, of, off, dest in todo]
+                [(of.h, off, dest) for _, of, off, dest in todo],
+                None if on_done is None else done,
             )
             for (i, _, _, _), r in zip(todo, got, strict=True):
                 out[i] = r

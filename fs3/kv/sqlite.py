@@ -27,14 +27,18 @@ explicit read-conflict ranges), not just "one writer at a time":
 
 Group commit: with ``synchronous=FULL`` every SQLite COMMIT is one WAL fsync,
 and the fsync, not the SQL, bounds a busy meta server. So commits of one process
-share SQLite write transactions. A transaction that finds nobody committing and
-nobody queued takes the fast path above on its own. Otherwise it queues; when
-the commit in progress ends, one waiting thread becomes the *leader*: it takes
-every queued transaction, opens one ``BEGIN IMMEDIATE``, validates and applies
-each in turn under its own savepoint and version (a conflicting one aborts
-alone: its savepoint is never written), and COMMITs once. Every transaction of
-the batch is acknowledged - its ``commit()`` returns - only after that COMMIT
-(and so the fsync) returned; threads that queued meanwhile form the next batch.
+share SQLite write transactions, through :class:`fs3.group_commit.GroupCommit`
+(the mechanism the storage targets' chunk rows use too). A transaction that
+finds nobody committing and nobody queued takes the fast path above on its own
+(:meth:`GroupCommit.try_exclusive`). Otherwise it queues; the
+batch's leader opens one ``BEGIN IMMEDIATE``, validates and applies each
+transaction in turn under its own savepoint and version (a conflicting one
+aborts alone: its savepoint is never written), and COMMITs once. Every
+transaction of the batch is acknowledged - its ``commit()`` returns - only after
+that COMMIT (and so the fsync) returned. A batch that fails as a whole (the
+COMMIT, or the write lock not granted in time) fails for all its members and is
+not retried one by one: its members are already isolated by their savepoints,
+and another wait for the lock per member would only multiply the delay.
 
 Conflict checks read an in-memory tail of the commit log (:class:`_ConflictIndex`):
 the write ranges of recent commits by version, extended from ``kv_log`` whenever
@@ -63,6 +67,7 @@ from urllib.parse import parse_qsl
 from fs3 import faults
 from fs3.durable import makedirs_durably
 from fs3.errors import Code, FsError
+from fs3.group_commit import GroupCommit
 from fs3.kv.database import BufferedWritesTransaction, Database, KeyValue, Transaction, key_after
 
 Range = tuple[bytes, bytes]
@@ -199,15 +204,6 @@ class _ConflictIndex:
         return False
 
 
-@dataclass
-class _Pending:
-    """A transaction queued for the next group commit, and its outcome."""
-
-    tr: SqliteTransaction
-    done: bool = False
-    error: BaseException | None = None
-
-
 class SqliteDatabase(Database):
     """A transactional ordered KV store in one SQLite WAL file.
 
@@ -275,11 +271,11 @@ class SqliteDatabase(Database):
         self._pool: list[sqlite3.Connection] = []
         self._pid = os.getpid()
         self._closed = False
-        # group commit (see the module docstring): the queue, the leader's mutex,
-        # its own connection and the conflict index it keeps
-        self._queue: list[_Pending] = []
-        self._commit_cv = threading.Condition()
-        self._leading = False  # a thread is committing a batch now
+        # group commit (see the module docstring): the batches, the leader's own
+        # connection and the conflict index it keeps
+        self._group: GroupCommit[SqliteTransaction] = GroupCommit(
+            self._commit_batch, max_batch=_BATCH_MAX, retry_alone=lambda _e: False
+        )
         self._writer: sqlite3.Connection | None = None
         self._index = _ConflictIndex()
         self.commits = 0  # transactions committed with writes (metrics, tests)
@@ -387,9 +383,7 @@ class SqliteDatabase(Database):
             pool, self._pool = self._pool, []
         for conn in pool:
             conn.close()
-        with self._commit_cv:
-            while self._leading:
-                self._commit_cv.wait()
+        with self._group.exclusive():  # after the batch in progress
             writer, self._writer = self._writer, None
         if writer is not None:
             writer.close()
@@ -402,47 +396,18 @@ class SqliteDatabase(Database):
         ``conn``: the connection holding ``tr``'s read snapshot (None for blind
         writes); this method releases it. With nobody committing or queued, the
         transaction commits alone on it (:meth:`_commit_alone`). Otherwise it
-        queues; waiters sleep on one condition: a finished batch wakes them all,
-        its members return and one of the others leads the next batch, so
-        nobody's acknowledgment waits for a batch it is not in.
+        queues for the next batch (:meth:`_commit_batch`).
         """
         if conn is not None:
-            with self._commit_cv:
-                alone = not self._leading and not self._queue
-                if alone:
-                    self._leading = True
-            if not alone:
-                self._release(conn)  # no snapshot pinned while waiting
-            else:
+            if self._group.try_exclusive():
                 try:
                     if self._commit_alone(tr, conn):
                         return
                 finally:
-                    with self._commit_cv:
-                        self._leading = False
-                        self._commit_cv.notify_all()
-        p = _Pending(tr)
-        with self._commit_cv:
-            self._queue.append(p)
-            while not p.done and self._leading:
-                self._commit_cv.wait()
-            if not p.done:
-                self._leading = True
-                batch, self._queue = self._queue[:_BATCH_MAX], self._queue[_BATCH_MAX:]
-        if not p.done:
-            try:
-                if self._pid != os.getpid():
-                    self._writer = None  # forked: the parent's connection is not ours
-                    self._index.reset()
-                self._commit_batch(batch)
-            finally:
-                with self._commit_cv:
-                    for q in batch:
-                        q.done = True
-                    self._leading = False
-                    self._commit_cv.notify_all()
-        if p.error is not None:
-            raise p.error
+                    self._group.end_exclusive()
+            else:
+                self._release(conn)  # no snapshot pinned while waiting
+        self._group.submit(tr)
 
     def _commit_alone(self, tr: SqliteTransaction, conn: sqlite3.Connection) -> bool:
         """The uncontended case: upgrade ``tr``'s read transaction in place and commit it.
@@ -477,77 +442,71 @@ class SqliteDatabase(Database):
         self.batches += 1
         return True
 
-    def _commit_batch(self, batch: list[_Pending]) -> None:
-        """One SQLite write transaction for ``batch``; sets every member's outcome.
+    def _commit_batch(self, batch: list[SqliteTransaction]) -> list[FsError | None]:
+        """One SQLite write transaction for ``batch`` (the group commit's ``write_batch``).
 
-        A member whose reads conflict (or whose writes SQLite refuses) gets its
-        own error and leaves nothing; the rest commit together. If the COMMIT
-        itself fails, nobody was acknowledged and every member gets the error.
+        Returns each member's outcome: a member whose reads conflict (or whose
+        writes SQLite refuses) gets its own error and leaves nothing; the rest
+        commit together. If the transaction itself fails (the COMMIT, the write
+        lock), nobody was acknowledged and it raises for every member.
         """
-        ok: list[_Pending] = []
+        if self._closed:
+            raise FsError(Code.KV_UNAVAILABLE, "sqlite KV database is closed", retryable=False)
+        if self._pid != os.getpid():
+            self._writer = None  # forked: the parent's connection is not ours
+            self._index.reset()
+        if self._writer is None:
+            self._writer = self._connect()
+        conn = self._writer
+        errors: list[FsError | None] = [None] * len(batch)
         try:
-            if self._closed:
-                raise FsError(Code.KV_UNAVAILABLE, "sqlite KV database is closed", retryable=False)
-            if self._writer is None:
-                self._writer = self._connect()
-            conn = self._writer
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                version, trimmed = conn.execute(
-                    "SELECT version, trimmed FROM kv_meta WHERE id = 0"
-                ).fetchone()
-                version, trimmed = int(version), int(trimmed)
-                self._index.catch_up(conn, version, trimmed)
-                added: list[_Commit] = []
-                alone = len(batch) == 1  # nobody to protect: the whole transaction is its own
-                for p in batch:
-                    try:
-                        p.tr._validate(conn, self._index, added, trimmed)
-                    except FsError as e:
-                        p.error = e
-                        continue
-                    if alone:
-                        c = p.tr._apply(conn, version + 1)
-                    else:
-                        conn.execute("SAVEPOINT txn")
-                        try:
-                            c = p.tr._apply(conn, version + 1)
-                            conn.execute("RELEASE txn")
-                        except sqlite3.Error as e:
-                            conn.execute("ROLLBACK TO txn")
-                            conn.execute("RELEASE txn")
-                            p.error = _to_fserror(e, "commit")
-                            continue
-                    version += 1
-                    added.append(c)
-                    ok.append(p)
-                if ok:
-                    conn.execute("UPDATE kv_meta SET version = ? WHERE id = 0", (version,))
-                    conn.execute("COMMIT")
-                    for c in added:
-                        self._index.append(c)
-                    self.commits += len(ok)
-                    self.batches += 1
+            conn.execute("BEGIN IMMEDIATE")
+            version, trimmed = conn.execute(
+                "SELECT version, trimmed FROM kv_meta WHERE id = 0"
+            ).fetchone()
+            version, trimmed = int(version), int(trimmed)
+            self._index.catch_up(conn, version, trimmed)
+            added: list[_Commit] = []
+            alone = len(batch) == 1  # nobody to protect: the whole transaction is its own
+            for i, tr in enumerate(batch):
+                try:
+                    tr._validate(conn, self._index, added, trimmed)
+                except FsError as e:
+                    errors[i] = e
+                    continue
+                if alone:
+                    c = tr._apply(conn, version + 1)
                 else:
-                    conn.execute("ROLLBACK")
-            except sqlite3.Error as e:
-                self._index.reset()
-                if conn.in_transaction:
+                    conn.execute("SAVEPOINT txn")
                     try:
-                        conn.execute("ROLLBACK")
-                    except sqlite3.Error:
-                        self._writer = None
-                        conn.close()
-                raise _to_fserror(e, "commit") from e
-        except BaseException as e:
-            for p in batch:
-                if p.error is None or p in ok:
-                    # each waiter raises its own exception object (they run on other threads)
-                    p.error = (
-                        FsError(e.code, e.message, retryable=e.retryable)
-                        if isinstance(e, FsError)
-                        else e
-                    )
+                        c = tr._apply(conn, version + 1)
+                        conn.execute("RELEASE txn")
+                    except sqlite3.Error as e:
+                        conn.execute("ROLLBACK TO txn")
+                        conn.execute("RELEASE txn")
+                        errors[i] = _to_fserror(e, "commit")
+                        continue
+                version += 1
+                added.append(c)
+            if added:
+                conn.execute("UPDATE kv_meta SET version = ? WHERE id = 0", (version,))
+                conn.execute("COMMIT")
+                for c in added:
+                    self._index.append(c)
+                self.commits += len(added)
+                self.batches += 1
+            else:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error as e:
+            self._index.reset()
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    self._writer = None
+                    conn.close()
+            raise _to_fserror(e, "commit") from e
+        return errors
 
 
 class SqliteTransaction(BufferedWritesTransaction):

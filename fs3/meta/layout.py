@@ -13,6 +13,13 @@ layout unambiguous for every client: chunk ``i`` lives on
 Chain tables come from mgmtd's routing info through a
 :class:`ChainTableSource`; meta never talks to mgmtd directly here, so tests
 inject a fixed source.
+
+A file is never created without chains: its layout is fixed at create, so a
+file placed on an empty chain list could be stat'ed but never written. When
+the table is not in the meta server's routing yet (a meta server that has just
+started and whose routing watcher has not caught up), :meth:`ChainAllocator.place`
+raises :class:`NoChainTable` and the create fails with a retryable
+``UNKNOWN_CHAIN_TABLE``; the client retries until the routing arrives.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import random
 import threading
 from typing import Protocol
 
-from fs3.errors import posix
+from fs3.errors import Code, FsError, posix
 from fs3.limits import chunk_size_rule, valid_chunk_size
 from fs3.logs import event
 from fs3.proto import meta_pb2
@@ -44,7 +51,8 @@ class ChainTableSource(Protocol):
 
 
 class NoChainTables:
-    """A source without routing: files get an empty chain list (and a log line)."""
+    """A source without routing (a meta server started without a cluster file): directories
+    and the namespace work, regular files cannot be created (there are no chains)."""
 
     def latest_table(self, table_id: int) -> tuple[int, list[int]] | None:
         return None
@@ -73,6 +81,39 @@ class StaticChainTables:
 
     def space(self) -> tuple[int, int, int] | None:
         return self._space
+
+
+class NoChainTable(Exception):
+    """No chains to place a new file on: its chain table is not known to this meta server.
+
+    Deliberately not an :class:`FsError`: it is raised inside the create's KV
+    transaction, and ``Database.run`` retries a retryable FsError in place, which
+    would park a meta worker thread until the routing watcher catches up. The
+    meta operator lets the transaction end and answers :meth:`error` at once;
+    the client retries with its own backoff and deadline.
+    """
+
+    def __init__(self, table_id: int, *, routed: bool) -> None:
+        self.table_id = table_id
+        self.routed = routed
+        super().__init__(f"chain table {table_id} unknown")
+
+    def error(self) -> FsError:
+        """Retryable while routing may still bring the table; permanent without routing."""
+        if self.routed:
+            return FsError(
+                Code.UNKNOWN_CHAIN_TABLE,
+                f"chain table {self.table_id} is not in this meta server's routing yet "
+                "(it has just started, or the table was not created): no chains to place "
+                "a new file on; retry",
+                retryable=True,
+            )
+        return FsError(
+            Code.UNKNOWN_CHAIN_TABLE,
+            "this meta server has no routing (started without a cluster file): "
+            "it cannot place new files on chains",
+            retryable=False,
+        )
 
 
 def validate_layout(layout: meta_pb2.Layout, *, partial: bool) -> None:
@@ -112,8 +153,9 @@ class ChainAllocator:
         """A concrete file layout from a directory's default layout.
 
         The stripe is capped at the table's size, so a file never lists one chain
-        twice. Without a chain table the chain list stays empty (the file can be
-        created and stat'ed, not written) and that is logged once per table.
+        twice. Without the chain table (or with an empty one) it raises
+        :class:`NoChainTable` rather than return a layout without chains, and
+        logs that once per table.
         """
         out = meta_pb2.Layout(
             chunk_size=default.chunk_size, stripe=default.stripe, table_id=default.table_id
@@ -124,11 +166,11 @@ class ChainAllocator:
                 self._warned.add(default.table_id)
                 event(
                     log,
-                    "no chain table yet; new files get an empty chain list",
+                    "no chain table yet; file creates fail until routing has it",
                     level=logging.WARNING,
                     table_id=default.table_id,
                 )
-            return out
+            raise NoChainTable(default.table_id, routed=not isinstance(self.source, NoChainTables))
         self._warned.discard(default.table_id)
         version, chains = table
         n = len(chains)

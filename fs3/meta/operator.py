@@ -38,7 +38,7 @@ from fs3.logs import event
 from fs3.meta import perms
 from fs3.meta import schema as S
 from fs3.meta.alloc import InodeAllocator
-from fs3.meta.layout import ChainAllocator, ChainTableSource, NoChainTables
+from fs3.meta.layout import ChainAllocator, ChainTableSource, NoChainTable, NoChainTables
 from fs3.meta.ops import attrs, files, namespace, xattrs
 from fs3.meta.ops.common import OpCtx, release
 from fs3.meta.store import Inode, MetaTxn
@@ -213,9 +213,11 @@ class MetaOperator:
 
         try:
             result = self.db.run(txn)
-        except BaseException:
+        except BaseException as e:
             if creates and attempts == 1:
                 self.alloc.give_back(new_ino)
+            if isinstance(e, NoChainTable):
+                raise e.error() from None  # answered now, retried by the client (see its doc)
             raise
         if creates and not used and attempts == 1:
             self.alloc.give_back(new_ino)

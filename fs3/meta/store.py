@@ -45,7 +45,13 @@ class MetaTxn:
 
     # -- inodes ------------------------------------------------------------------
 
-    def load(self, ino: int, *, snapshot: bool = False) -> Inode | None:
+    def load(self, ino: int, *, snapshot: bool = False, times: bool = True) -> Inode | None:
+        """The inode (one object per transaction), or None.
+
+        ``times=False``: a directory's mtime/ctime (a second key) are not read
+        and such a node is not kept for the rest of the transaction; for callers
+        that only check the directory's type and permissions (a lookup's parent).
+        """
         cached = self._cache.get(ino)
         if cached is not None:
             if not snapshot and ino not in self._conflicted:
@@ -60,10 +66,12 @@ class MetaTxn:
         rec = meta_pb2.InodeRecord.FromString(raw)
         node = Inode(rec.attr, rec.symlink_target)
         if S.is_dir(node.attr):
+            if not times:
+                return node
             # always a snapshot read: the times key is written blindly (see schema)
-            times = self.tr.get(S.dir_times_key(ino), snapshot=True)
-            if times is not None:
-                m, c = S.decode_times(times)
+            raw_times = self.tr.get(S.dir_times_key(ino), snapshot=True)
+            if raw_times is not None:
+                m, c = S.decode_times(raw_times)
                 node.attr.mtime.CopyFrom(S.timespec(m))
                 node.attr.ctime.CopyFrom(S.timespec(c))
         self._cache[ino] = node
@@ -111,15 +119,15 @@ class MetaTxn:
             self._cache[ino] = node
         return out
 
-    def must(self, ino: int, *, snapshot: bool = False) -> Inode:
+    def must(self, ino: int, *, snapshot: bool = False, times: bool = True) -> Inode:
         """The inode or ENOENT."""
-        node = self.load(ino, snapshot=snapshot)
+        node = self.load(ino, snapshot=snapshot, times=times)
         if node is None:
             raise posix(errno.ENOENT, f"no inode {ino}")
         return node
 
-    def must_dir(self, ino: int, *, snapshot: bool = False) -> Inode:
-        node = self.must(ino, snapshot=snapshot)
+    def must_dir(self, ino: int, *, snapshot: bool = False, times: bool = True) -> Inode:
+        node = self.must(ino, snapshot=snapshot, times=times)
         if not S.is_dir(node.attr):
             raise posix(errno.ENOTDIR, f"inode {ino} is not a directory")
         return node

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -152,7 +153,12 @@ class MgmtdOperator:
         self.clock: Clock = clock or SystemClock()
         self._state: LeaderState | None = None
         self._lock = asyncio.Lock()
-        self._changed = asyncio.Condition()
+        # Wakes watch streams: set (and replaced by a fresh event) on every new routing
+        # version and on loss of leadership. An event, not an asyncio.Condition: a watcher
+        # cancelled while its recheck timeout fired could leave a Condition's lock released
+        # by the wrong task ("Lock is not acquired") or held for good, so watchers had
+        # nothing to wait on; an event holds no lock to hand back on cancellation.
+        self._changed = asyncio.Event()
         self.kick = asyncio.Event()  # wakes the background tick early
         self._last_check: tuple[float, float] | None = (
             None  # (term, time.monotonic()) of the previous check
@@ -231,8 +237,7 @@ class MgmtdOperator:
     async def on_lease_lost(self, reason: str) -> None:
         self._state = None
         M_IS_LEADER.set(0)
-        async with self._changed:
-            self._changed.notify_all()  # watch streams end with NOT_LEADER
+        self._wake_watchers()  # watch streams end with NOT_LEADER
 
     def _leader_state(self) -> LeaderState:
         """The state of the current term, or NOT_LEADER / UNAVAILABLE."""
@@ -270,11 +275,12 @@ class MgmtdOperator:
         st.dirty_major = st.dirty_minor = False
         M_ROUTING_VERSION.set(st.version)
         self._update_node_metrics(st)
-        asyncio.get_running_loop().create_task(self._notify())
+        self._wake_watchers()
 
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+    def _wake_watchers(self) -> None:
+        """Wake every watch stream waiting now; later waits use a fresh event."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     def _update_node_metrics(self, st: LeaderState) -> None:
         counts = dict.fromkeys(_STATUS_NAME.values(), 0)
@@ -321,6 +327,7 @@ class MgmtdOperator:
         """
         known = known_version
         while True:
+            changed = self._changed  # before the check: a change after it sets this event
             info = self.routing()  # raises NOT_LEADER / UNAVAILABLE
             if info.version > known:
                 st = self._state
@@ -331,11 +338,9 @@ class MgmtdOperator:
                     known = h.version
                     yield h
                 continue
-            async with self._changed:
-                try:
-                    await asyncio.wait_for(self._changed.wait(), timeout=recheck_s)
-                except TimeoutError:
-                    pass
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(recheck_s):
+                    await changed.wait()
 
     def get_leader(self) -> mgmtd_pb2.GetLeaderResponse:
         if self.elector.is_leader():

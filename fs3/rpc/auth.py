@@ -48,7 +48,7 @@ from typing import Any
 from grpc import aio
 
 from fs3.errors import Code, FsError
-from fs3.security.keys import SECRET_FILE_NAME, load_secret
+from fs3.security.keys import find_secret
 from fs3.security.tokens import Claims, Signer, Verifier
 
 log = logging.getLogger("fs3.rpc.auth")
@@ -318,21 +318,17 @@ def _principal(c: Claims) -> Principal:
 # ------------------------------------------------------------------------ process setup
 
 
-def _secret_of(path: str) -> bytes | None:
-    return load_secret(path) if path else None
-
-
 def process_signer() -> Signer | None:
     """A token signer from this process's cluster secret (``[rpc] secret_file``), if any."""
     from fs3.rpc import settings
 
-    secret = _secret_of(settings.current().secret_file)
+    secret = find_secret(settings.current().secret_file)
     return Signer(secret) if secret is not None else None
 
 
 def server_authenticator(rpc: Any) -> Authenticator | None:
     """The authenticator of a server configured by ``rpc`` (``[rpc]``); None: unauthenticated."""
-    secret = _secret_of(getattr(rpc, "secret_file", ""))
+    secret = find_secret(getattr(rpc, "secret_file", ""))
     if secret is None:
         return None
     return Authenticator(Verifier.from_secret(secret))
@@ -400,7 +396,9 @@ def _resolve_token(
     if token_file:
         return _read_token_file(token_file)
     if secret_file:
-        return _mint(load_secret(secret_file), kind)
+        secret = find_secret(secret_file)  # a configured secret: raises if missing or unusable
+        if secret is not None:
+            return _mint(secret, kind)
     env = os.environ.get("FS3_TOKEN", "").strip()
     if env:
         return env
@@ -408,10 +406,10 @@ def _resolve_token(
     if env_file:
         return _read_token_file(env_file)
     if cluster_file:
-        beside = Path(cluster_file).parent / SECRET_FILE_NAME
-        if beside.is_file() and os.access(beside, os.R_OK):
-            with contextlib.suppress(FsError):
-                return _mint(load_secret(beside), kind)
+        with contextlib.suppress(FsError):  # one this user may not read or use: no token
+            secret = find_secret(cluster_file=cluster_file)
+            if secret is not None:
+                return _mint(secret, kind)
     return ""
 
 

@@ -26,17 +26,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import os
 import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 from fs3.errors import Code, FsError
 from fs3.limits import MAX_CHUNK_INDEX
-from fs3.security.keys import PURPOSE_CAPABILITY, SECRET_FILE_NAME, derive_key, load_secret
+from fs3.security.keys import PURPOSE_CAPABILITY, derive_key, find_secret
 
 READ = 1
 WRITE = 2
@@ -318,22 +316,11 @@ class CapabilityCache:
         return tok
 
 
-def secret_path(secret_file: str, cluster_file: str) -> Path | None:
-    """Where the cluster secret is: ``[rpc] secret_file``, else beside the cluster file."""
-    if secret_file:
-        return Path(secret_file)
-    if cluster_file:
-        return Path(os.path.dirname(os.path.abspath(cluster_file))) / SECRET_FILE_NAME
-    return None
-
-
 def capability_key(secret_file: str, cluster_file: str) -> bytes | None:
     """The capability key of this cluster, or None if it has no secret (checks are off).
 
-    A configured ``secret_file`` must exist; the default place beside the
-    cluster file may be empty (a cluster started without a secret).
+    The secret is found by :func:`fs3.security.keys.find_secret` (a configured
+    ``secret_file`` must exist; the place beside the cluster file may be empty).
     """
-    p = secret_path(secret_file, cluster_file)
-    if p is None or (not secret_file and not p.exists()):
-        return None
-    return derive_key(load_secret(p), PURPOSE_CAPABILITY)
+    secret = find_secret(secret_file, cluster_file)
+    return None if secret is None else derive_key(secret, PURPOSE_CAPABILITY)

@@ -56,6 +56,8 @@ def load_secret(path: str | os.PathLike[str]) -> bytes:
         raise FsError(
             Code.PERMISSION_DENIED, f"cluster secret {p} is not readable by this user"
         ) from None
+    except OSError as e:  # a directory, an I/O error: not a secret this process can use
+        raise FsError(Code.INVALID_ARGUMENT, f"cluster secret {p} cannot be read: {e}") from None
     if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise FsError(
             Code.PERMISSION_DENIED,
@@ -67,6 +69,32 @@ def load_secret(path: str | os.PathLike[str]) -> bytes:
             Code.INVALID_ARGUMENT, f"cluster secret {p} is {len(data)} bytes, not {SECRET_BYTES}"
         )
     return data
+
+
+def secret_path(secret_file: str | None, cluster_file: str | None) -> Path | None:
+    """Where this process's cluster secret is: ``secret_file`` (``[rpc] secret_file``)
+    if set, else :data:`SECRET_FILE_NAME` beside ``cluster_file``; None with neither."""
+    if secret_file:
+        return Path(secret_file)
+    if cluster_file:
+        return Path(os.path.dirname(os.path.abspath(cluster_file))) / SECRET_FILE_NAME
+    return None
+
+
+def find_secret(secret_file: str | None = None, cluster_file: str | None = None) -> bytes | None:
+    """The cluster secret this process holds, or None if the cluster has none.
+
+    The one lookup every user of the secret goes through (RPC authentication,
+    capability keys, minting a client's token). A configured ``secret_file``
+    must exist and be valid (a typo must not silently switch security off);
+    the default place beside ``cluster_file`` may be empty (a cluster started
+    without a secret). A secret that exists but cannot be used (mode, size,
+    permissions) raises :class:`FsError` in both cases.
+    """
+    p = secret_path(secret_file, cluster_file)
+    if p is None or (not secret_file and not p.exists()):
+        return None
+    return load_secret(p)
 
 
 def derive_key(secret: bytes, purpose: str) -> bytes:

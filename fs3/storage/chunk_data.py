@@ -413,57 +413,80 @@ class ChunkDataStore:
         bs = self.block_size
         start = offset // bs * bs
         stop = min(length, -(-end // bs) * bs)
-        fd = self._open_committed(rel, what)
-        if fd is None:
-            return None
-        try:
-            if nowait:
-                buf = _pread_nowait(fd, stop - start, start)
-            else:
+        if stop - start > _SCRATCH_MAX and not nowait:
+            # large: one bytes object straight from the kernel (no scratch, no extra copy)
+            fd = self._open_committed(rel, what)
+            if fd is None:
+                return None
+            try:
                 buf = os.pread(fd, stop - start, start)
-        except BlockingIOError:
-            raise
-        except OSError as e:
-            raise os_error(e, f"read chunk {what}") from None
-        finally:
-            os.close(fd)
-        if len(buf) != stop - start:
-            raise checksum_mismatch(f"chunk {what}: data file truncated")
-        blocks = unpack_crcs(crcs)
-        mv = memoryview(buf)
-        for i in range(start // bs, -(-stop // bs)):
-            lo = i * bs - start
-            if i >= len(blocks) or crc32c(mv[lo : lo + bs]) != blocks[i]:
-                raise checksum_mismatch(f"chunk {what}: checksum mismatch in block {i}")
-        if start == offset and stop == end:
-            return buf
-        return bytes(mv[offset - start : end - start])
+            except OSError as e:
+                raise os_error(e, f"read chunk {what}") from None
+            finally:
+                os.close(fd)
+            if len(buf) != stop - start:
+                raise checksum_mismatch(f"chunk {what}: data file truncated")
+            _verify(memoryview(buf), crcs, start // bs, bs, what)
+            return buf if start == offset and stop == end else buf[offset - start : end - start]
+        with _blocks_buffer(stop - start) as blocks:
+            if not self._read_blocks(rel, what, start, blocks, nowait):
+                return None
+            _verify(blocks, crcs, start // bs, bs, what)
+            return bytes(blocks[offset - start : end - start])
 
     def read_verified_into(
         self,
         rel: str,
         what: str,
         crcs: bytes,
+        length: int,
         offset: int,
         end: int,
         dest: memoryview,
         *,
         nowait: bool = False,
     ) -> int | None:
-        """``preadv`` [offset, end) straight into ``dest`` and verify the blocks there
-        (``nowait``: as for :meth:`read_verified`).
+        """Bytes [offset, end) of a committed version of ``length`` bytes into ``dest``,
+        verified; the byte count, or None if the file is gone (superseded).
 
-        The caller checked that the range starts and ends on checksum blocks (or at the
-        chunk's end). Returns the byte count, or None if the file is gone (superseded).
+        A range on checksum-block boundaries (or ending at the chunk's end) is
+        ``preadv``'d straight into ``dest`` and verified there; any other range
+        reads its covering blocks into this thread's scratch buffer, verifies them
+        and copies the range out (a 4 KiB read of a 64 KiB block: no allocation).
+        ``nowait``: as for :meth:`read_verified`. On CHECKSUM_MISMATCH ``dest``
+        may hold unverified bytes (the caller reports the error instead).
+        """
+        bs = self.block_size
+        n = end - offset
+        if offset % bs == 0 and (end % bs == 0 or end == length):
+            view = dest[:n]
+            if not self._read_blocks(rel, what, offset, view, nowait):
+                return None
+            _verify(view, crcs, offset // bs, bs, what)
+            return n
+        start = offset // bs * bs
+        stop = min(length, -(-end // bs) * bs)
+        with _blocks_buffer(stop - start) as blocks:
+            if not self._read_blocks(rel, what, start, blocks, nowait):
+                return None
+            _verify(blocks, crcs, start // bs, bs, what)
+            dest[:n] = blocks[offset - start : end - start]
+        return n
+
+    def _read_blocks(
+        self, rel: str, what: str, offset: int, view: memoryview, nowait: bool
+    ) -> bool:
+        """Fill ``view`` from the committed file at ``offset``; False if the file is gone.
+
+        A short file is CHECKSUM_MISMATCH (truncated); ``nowait`` raises
+        ``BlockingIOError`` unless every byte is in the page cache.
         """
         fd = self._open_committed(rel, what)
         if fd is None:
-            return None
-        n = end - offset
-        view = dest[:n]
+            return False
         try:
             done = 0
-            while done < n:
+            while done < len(view):
                 if nowait:
                     k = _preadv_nowait(fd, view[done:], offset + done)
                 else:
@@ -477,16 +500,55 @@ class ChunkDataStore:
             raise os_error(e, f"read chunk {what}") from None
         finally:
             os.close(fd)
-        if done != n:
+        if done != len(view):
             raise checksum_mismatch(f"chunk {what}: data file truncated")
-        bs = self.block_size
-        blocks = unpack_crcs(crcs)
-        first = offset // bs
-        for i in range(first, -(-end // bs)):
-            lo = (i - first) * bs
-            if i >= len(blocks) or crc32c(view[lo : lo + bs]) != blocks[i]:
-                raise checksum_mismatch(f"chunk {what}: checksum mismatch in block {i}")
-        return n
+        return True
+
+
+# Covering blocks of a read up to this size go through a per-thread scratch buffer
+# (the event loop's and each I/O thread's): small reads allocate nothing per read.
+_SCRATCH_MAX = 256 << 10
+_scratch = threading.local()
+
+
+class _blocks_buffer:  # noqa: N801 - used as a context manager, like a function
+    """A writable view of ``size`` bytes: the thread's scratch buffer when small and
+    free, else a fresh one. The view is released on exit, so nothing keeps the
+    scratch exported (and a nested user on the same thread gets a fresh buffer)."""
+
+    __slots__ = ("_size", "_view", "_own")
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+
+    def __enter__(self) -> memoryview:
+        buf: bytearray | None = None
+        if self._size <= _SCRATCH_MAX and not getattr(_scratch, "busy", False):
+            buf = getattr(_scratch, "buf", None)
+            if buf is None:
+                buf = _scratch.buf = bytearray(_SCRATCH_MAX)
+            _scratch.busy = self._own = True
+        else:
+            buf = bytearray(self._size)
+            self._own = False
+        self._view = memoryview(buf)[: self._size]
+        return self._view
+
+    def __exit__(self, *exc: object) -> None:
+        self._view.release()
+        if self._own:
+            _scratch.busy = False
+
+
+def _verify(view: memoryview, crcs: bytes, first: int, bs: int, what: str) -> None:
+    """Check ``view`` (blocks ``first``, ``first + 1``, ... of a chunk) against ``crcs``."""
+    for j, lo in enumerate(range(0, len(view), bs)):
+        i = first + j
+        if 4 * i + 4 > len(crcs) or crc32c(view[lo : lo + bs]) != _CRC.unpack_from(crcs, 4 * i)[0]:
+            raise checksum_mismatch(f"chunk {what}: checksum mismatch in block {i}")
+
+
+_CRC = struct.Struct("<I")
 
 
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
@@ -509,12 +571,6 @@ def _preadv_nowait(fd: int, view: memoryview, offset: int) -> int:
     if 0 < n < len(view):
         raise BlockingIOError(_errno.EAGAIN, "partly in the page cache")
     return n
-
-
-def _pread_nowait(fd: int, length: int, offset: int) -> bytes:
-    buf = bytearray(length)
-    n = _preadv_nowait(fd, memoryview(buf), offset)
-    return bytes(memoryview(buf)[:n])  # small (inline reads only): the copy is cheap
 
 
 __all__ = [

@@ -553,14 +553,14 @@ class FileChunkEngine(ChunkEngine):
 
         ``nowait``: as for :meth:`read` (``BlockingIOError`` if not all cached).
 
-        The zero-copy read path (shm destinations, i.e. USRBIO): ``preadv`` lands
-        the file pages directly in the client's region and the block CRCs are
-        checked on that memory, so no Python-level copy of the payload is made.
-        Only ranges that start on a checksum block boundary and end on one (or at
-        the chunk's end) qualify — otherwise verifying would need bytes outside
-        ``dest``; then it returns None and the caller uses :meth:`read`.
-        On CHECKSUM_MISMATCH ``dest`` may hold unverified bytes (the caller
-        reports an error, so the client never uses them).
+        The zero-copy read path (shm destinations, i.e. USRBIO): a range on
+        checksum-block boundaries is ``preadv``'d straight into the client's
+        region and its block CRCs are checked there; any other range (a 4 KiB
+        random read) reads its covering blocks into a scratch buffer, is verified
+        there and copied into ``dest``. Either way no Python object is made per
+        read and the chunk's metadata is looked up once. On CHECKSUM_MISMATCH
+        ``dest`` may hold unverified bytes (the caller reports an error, so the
+        client never uses them).
         """
         if offset < 0 or length < 0 or len(dest) < length:
             raise invalid("bad read range or destination too small")
@@ -570,18 +570,13 @@ class FileChunkEngine(ChunkEngine):
         end = min(meta.length, offset + length)
         if end <= offset:
             return meta, 0
-        bs = self.block_size
-        if offset % bs or (end % bs and end != meta.length):
-            return None
         n = self.data.read_verified_into(
-            meta.file, str(key), meta.block_crcs, offset, end, dest, nowait=nowait
+            meta.file, str(key), meta.block_crcs, meta.length, offset, end, dest, nowait=nowait
         )
         if n is None:
-            return (
-                self.read_into(key, offset, length, dest, nowait=nowait)
-                if self.get(key) != meta
-                else self._missing(meta)
-            )
+            if self.get(key) != meta:  # superseded between get() and open(): the newer one
+                return self.read_into(key, offset, length, dest, nowait=nowait)
+            self._missing(meta)
         return meta, n
 
     @staticmethod

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fs3.errors import Code, FsError
+from fs3.group_commit import GroupCommit
 
 ALL_INDEXES = 0xFFFFFFFF
 
@@ -136,20 +137,13 @@ class CommitReq:
     pending: PendingUpdate
     chain_ver: int
     publish: bool = True  # False: only make the row durable (prepare)
-    done: bool = False
-    meta: ChunkMeta | None = None
-    error: BaseException | None = None
+    meta: ChunkMeta | None = None  # the published version (set by a successful commit)
     unlink: list[str] = field(default_factory=list)  # data files the published version superseded
 
     def row(self) -> tuple[int, int, int, int, bytes, str]:
         """The row this commit writes: (commit_ver, chain_ver, length, checksum, block_crcs, file)."""
         p = self.pending
         return (p.update_ver, self.chain_ver, p.length, p.checksum, p.block_crcs, p.file)
-
-    def result(self) -> ChunkMeta | None:
-        if self.error is not None:
-            raise self.error
-        return self.meta
 
 
 def _i64(v: int) -> int:
@@ -176,9 +170,11 @@ class ChunkMetaStore:
         self._metas: dict[ChunkKey, ChunkMeta] = {}
         self._pending: dict[ChunkKey, PendingUpdate] = {}
         self._used = 0
-        self._cq = threading.Condition()  # group commit queue
-        self._queue: builtins.list[CommitReq] = []
-        self._leading = False
+        # group commit (fs3.group_commit, shared with the KV engine): a failing batch is
+        # retried one request at a time, so one bad commit (NO_SPACE, superseded) fails alone
+        self._group: GroupCommit[CommitReq] = GroupCommit(
+            self._commit_rows, retry_alone=lambda e: isinstance(e, FsError)
+        )
         try:
             self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
             self.db.execute("PRAGMA journal_mode=WAL")
@@ -326,52 +322,20 @@ class ChunkMetaStore:
     def commit(self, req: CommitReq) -> builtins.list[str]:
         """Write ``req``'s row (group commit); returns data files the commit superseded.
 
-        The first caller that finds no batch in progress becomes the leader: it
-        takes every queued request and writes all rows in one transaction (one
-        WAL fsync). The others wait for their result. A failing batch is retried
-        one request at a time so one bad commit (e.g. NO_SPACE) fails alone.
+        Concurrent commits share one transaction (one WAL fsync) through
+        :class:`fs3.group_commit.GroupCommit`: the first caller that finds no
+        batch in progress writes every queued request's row, the others wait for
+        their result. A batch that fails with an FsError is retried one request
+        at a time so one bad commit (e.g. NO_SPACE) fails alone; any other
+        failure fails the whole batch as INTERNAL.
         """
-        with self._cq:
-            self._queue.append(req)
-            while not req.done and self._leading:
-                self._cq.wait()
-            if req.done:
-                req.result()
-                return req.unlink
-            self._leading = True
-            batch, self._queue = self._queue, []
         try:
-            self._commit_batch(batch)
-        finally:
-            with self._cq:
-                self._leading = False
-                self._cq.notify_all()
-        req.result()
+            self._group.submit(req)
+        except FsError:
+            raise
+        except Exception as e:
+            raise FsError(Code.INTERNAL, f"commit: {e}") from e
         return req.unlink
-
-    def _commit_batch(self, batch: builtins.list[CommitReq]) -> None:
-        try:
-            self._commit_rows(batch)
-        except BaseException as exc:
-            if len(batch) > 1 and isinstance(exc, FsError):
-                for r in batch:  # isolate the failing commit
-                    try:
-                        self._commit_rows([r])
-                    except FsError as e:
-                        r.error = e
-                    r.done = True
-            else:
-                for r in batch:
-                    r.error = (
-                        exc
-                        if isinstance(exc, FsError)
-                        else FsError(Code.INTERNAL, f"commit: {exc}")
-                    )
-                    r.done = True
-            return
-        finally:
-            for r in batch:
-                r.done = True
 
     def _commit_rows(self, batch: builtins.list[CommitReq]) -> None:
         """Write the rows of ``batch`` in one transaction, then publish them in memory.

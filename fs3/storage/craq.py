@@ -53,6 +53,13 @@ from fs3.transport.shm import regions_lost
 
 log = logging.getLogger("fs3.storage.craq")
 
+# Failures of preparing (syncing) a staged update that say nothing about the disk,
+# so they must not take the target offline: NO_SPACE (the metadata row did not
+# fit), CHUNK_BUSY (``chunk_meta.superseded``: a newer stage of the same chunk
+# replaced this one, e.g. the retry of an update whose first attempt was
+# cancelled while its stage still ran in the I/O pool).
+NOT_DISK_ERRORS = frozenset({Code.NO_SPACE, Code.CHUNK_BUSY})
+
 T = TypeVar("T")
 
 WRITE = storage_pb2.UPDATE_WRITE
@@ -656,8 +663,9 @@ class Replicator:
             await asyncio.shield(sync)
         except FsError as e:
             # NO_SPACE (metadata row) leaves the update pending (re-driven later), as a
-            # failed commit does; anything else means the disk state is unknown.
-            if e.code != Code.NO_SPACE and self.targets.disk_error(
+            # failed commit does; CHUNK_BUSY: see NOT_DISK_ERRORS; anything else means
+            # the disk state is unknown.
+            if e.code not in NOT_DISK_ERRORS and self.targets.disk_error(
                 t, f"sync of staged data failed: {e.message}"
             ):
                 self.on_local_change()

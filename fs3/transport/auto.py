@@ -123,6 +123,12 @@ class AutoClientTransport(ShmClientTransport):
             return None
         return await ShmClientTransport.write_ref(self, node_address, data_address, data)
 
+    def read_ref_ready(self, node_address: str, dest: memoryview) -> transport_pb2.DataRef | None:
+        ref = super().read_ref_ready(node_address, dest)  # registered there: the node is local
+        if ref is not None:
+            self.stats["one_sided"] += 1
+        return ref
+
     def _located(self, node_address: str, buf: memoryview) -> tuple[ShmRegion, int] | None:
         """Where ``buf`` lies if it moves one-sided to this node (the last answer reused)."""
         last, self._last = self._last, None

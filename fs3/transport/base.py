@@ -234,6 +234,12 @@ class ClientTransport(abc.ABC):
         """
         return False
 
+    def read_ref_ready(self, node_address: str, dest: memoryview) -> transport_pb2.DataRef | None:
+        """The ref of a one-sided read into ``dest`` when it needs no setup (no await,
+        no staging: shm with ``dest`` inside a region the node already mapped), else
+        None and the caller takes :meth:`one_sided` / :meth:`read_ref`."""
+        return None
+
     @property
     def regions(self) -> list[ShmRegion]:
         """Shared-memory regions whose buffers travel without copies (shm only)."""

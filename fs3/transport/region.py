@@ -58,7 +58,18 @@ def buffer_address(buf: object) -> tuple[int, int]:
 
     Works for read-only buffers too (``ctypes.c_char.from_buffer`` does not).
     The address is only meaningful while the underlying object stays alive.
+
+    A writable buffer (every read destination, e.g. a USRBIO Iov slice) takes
+    ``ctypes.c_char.from_buffer``, a single C call: the transports ask this once
+    per I/O, and the generic ``PyObject_GetBuffer`` round trip through ctypes
+    costs several times more.
     """
+    try:
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # read-only or empty: the generic path below
+        pass
+    else:
+        return addr, (buf.nbytes if type(buf) is memoryview else memoryview(buf).nbytes)  # type: ignore[arg-type]
     view = _PyBuffer()
     if _get_buffer(buf, ctypes.byref(view), _PyBUF_SIMPLE) != 0:  # raises on failure
         raise invalid("object does not expose a contiguous buffer")

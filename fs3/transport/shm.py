@@ -598,6 +598,7 @@ class ShmClientTransport(ClientTransport):
         self._rpc_timeout_s = rpc_timeout_s
         self._closed = False
         self._bg: set[asyncio.Task[None]] = set()
+        self._last_region: ShmRegion | None = None
 
     def one_sided(self, node_address: str, buf: memoryview) -> bool:
         return True  # every buffer: in place, or staged into an arena
@@ -621,6 +622,8 @@ class ShmClientTransport(ClientTransport):
 
     async def unregister_region(self, region: ShmRegion) -> None:
         self._regions.pop(region.id, None)
+        if self._last_region is region:
+            self._last_region = None
         await self._unregister_everywhere(region.id)
 
     async def _unregister_everywhere(self, region_id: str) -> None:
@@ -685,12 +688,40 @@ class ShmClientTransport(ClientTransport):
 
     def _locate(self, view: memoryview) -> tuple[ShmRegion, int] | None:
         addr, n = buffer_address(view)
+        last = self._last_region  # consecutive I/Os mostly land in one Iov: ask it first
+        if last is not None and not last.closed and last.contains(addr, n):
+            return last, addr - last.address
         for region in itertools.chain(
             self._regions.values(), (a.region for a in self._staging.arenas)
         ):
             if not region.closed and region.contains(addr, n):
+                self._last_region = region
                 return region, addr - region.address
         return None
+
+    def read_ref_ready(self, node_address: str, dest: memoryview) -> transport_pb2.DataRef | None:
+        """The shm ref of ``dest`` when it lies in a region already registered on the node.
+
+        Why: this is every I/O of a USRBIO ring once its Iov reached the node; the
+        general :meth:`read_ref` (a coroutine chain, registration, staging) stays
+        for the first I/O and for buffers outside every region.
+        """
+        st = self._nodes.get(node_address)
+        if st is None or self._closed or dest.readonly:
+            return None
+        found = self._locate(dest)
+        if found is None:
+            return None
+        region, offset = found
+        fut = st.registered.get(region.id)
+        if fut is None or not fut.done():  # a failed registration leaves no entry
+            return None
+        ref = transport_pb2.DataRef()  # field by field: half the cost of nested keywords
+        shm = ref.shm
+        shm.region = region.id
+        shm.offset = offset
+        shm.length = dest.nbytes
+        return ref
 
     def _check_open(self) -> None:
         if self._closed:
@@ -775,6 +806,7 @@ class ShmClientTransport(ClientTransport):
         if self._bg:
             await asyncio.gather(*self._bg, return_exceptions=True)
         self._regions.clear()
+        self._last_region = None
         for arena in self._staging.arenas:
             arena.region.close()
         self._staging.arenas.clear()

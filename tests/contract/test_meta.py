@@ -951,12 +951,45 @@ def test_layout_inheritance_and_placement(db: Database) -> None:
     assert check_namespace(db).ok
 
 
-def test_no_chain_table_gives_empty_chain_list(db: Database) -> None:
-    fs = Fs(MetaOperator(db))
-    f = fs.touch(1, "f")
-    assert not f.layout.chain_ids and f.layout.chunk_size == 1 << 20
-    fs.unlink(1, "f")
-    assert not fs.op.list_gc(F.ListGcRequest(user=ROOT)).entries  # nothing to delete on storage
+def test_no_chain_table_yet_fails_file_creates_retryably(db: Database) -> None:
+    """A file is never created without chains (its layout is fixed at create): while the
+    chain table is not in the meta server's routing (just after a restart), create and mknod
+    fail with a retryable error and change nothing; the client's retry of the same request
+    succeeds, with chains, once the table is known."""
+    src = StaticChainTables({})
+    fs = Fs(MetaOperator(db, MetaSection(inode_batch=8), src))
+    d = fs.mkdir(1, "d")  # the namespace works without chains
+    req = F.CreateRequest(
+        user=ROOT, request_id=rid(), parent=d.inode, name=b"f", mode=0o644, flags=RW, client_id="c1"
+    )
+    mknod = F.MknodRequest(
+        user=ROOT, request_id=rid(), parent=d.inode, name=b"n", mode=stat.S_IFREG | 0o644
+    )
+    for call in (lambda: fs.op.create(req), lambda: fs.op.mknod(mknod)):
+        with pytest.raises(FsError) as ei:
+            call()
+        assert ei.value.code == Code.UNKNOWN_CHAIN_TABLE and ei.value.retryable
+    for name in ("f", "n"):
+        with pytest.raises(FsError) as ei:
+            fs.lookup(d.inode, name)
+        assert ei.value.errno == errno.ENOENT
+    assert fs.getattr(d.inode).nlink == 2 and check_namespace(db).ok
+    src.tables[1] = [5, 6]  # the routing watcher caught up
+    r = fs.op.create(req)
+    assert sorted(r.attr.layout.chain_ids) == [5, 6]  # default stripe capped at the table
+    fs.close(r.attr.inode, r.session_id)
+    assert sorted(fs.op.mknod(mknod).attr.layout.chain_ids) == [5, 6]
+    assert check_namespace(db).ok
+
+
+def test_meta_without_routing_refuses_file_creates(db: Database) -> None:
+    fs = Fs(MetaOperator(db))  # no chain table source: a meta server without a cluster file
+    fs.mkdir(1, "d")
+    with pytest.raises(FsError) as ei:
+        fs.touch(1, "f")
+    assert ei.value.code == Code.UNKNOWN_CHAIN_TABLE and not ei.value.retryable
+    with pytest.raises(FsError):
+        fs.lookup(1, "f")
 
 
 # ----------------------------------------------------------------------------- robustness

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ from fuse_helpers import fresh_dir, needs_fuse  # noqa: E402 - after register_as
 
 import fs3.ckpt as ckpt  # noqa: E402
 from fs3.ckpt import layout  # noqa: E402
-from fs3.ckpt.store import IO_BYTES, ClientStore, PosixStore, Segment  # noqa: E402
+from fs3.ckpt.store import IO_BYTES, ClientStore, LoadPool, PosixStore, Segment  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
@@ -158,11 +159,12 @@ def test_usrbio_load_is_zero_copy_and_failures_drain(
     c.save(sd, step=1).wait()
     out = c.load(1)
     _same(sd, out)
-    # the agent read into a fresh Iov: the tensors live in its shared memory, which is
-    # already deregistered (unlinked, nothing left in the store) and stays while they do
+    # the agent read into a registered Iov of the store's load pool: the tensors live
+    # in its shared memory, lent to them while they live
     m = _mapping_of(out["layers"]["0"].data_ptr())
-    assert "/dev/shm/" in m and "(deleted)" in m, m
-    assert not c.store._iovs
+    assert "/dev/shm/" in m, m
+    pool = c.store._loads
+    assert pool is not None and len(pool.sizes()[0]) == 1
     out["layers"]["0"].add_(1)  # ordinary writable memory
     # a read past the end fails on one ring while the other has I/Os in flight: both drain
     # (the staging Iov is reused by the next call) and the error is the short read
@@ -183,6 +185,69 @@ def test_usrbio_load_is_zero_copy_and_failures_drain(
         os.fsync(f.fileno())
     with pytest.raises(ckpt.CorruptCheckpoint, match="CRC32C mismatch"):
         c.load(1)
+
+
+def _region_of(t: Any) -> tuple[int, int]:
+    lo, hi = (int(x, 16) for x in _mapping_of(t.data_ptr()).split()[0].split("-"))
+    return lo, hi
+
+
+def test_usrbio_load_pool_reuses_memory_only_once_released(fuse_cluster: ProcessCluster) -> None:
+    d = fresh_dir(fuse_cluster)
+    c = ckpt.Checkpointer(str(d))
+    sd1, sd2 = _state(5, n=60), _state(6, n=60)
+    c.save(sd1, step=1).wait()
+    c.save(sd2, step=2).wait()
+    a = c.load(1)
+    pool = c.store._loads
+    assert pool is not None
+    ra = _region_of(a["layers"]["0"])
+    # while ``a`` lives its memory is never lent again: a second load gets other memory
+    b = c.load(2)
+    rb = _region_of(b["layers"]["0"])
+    assert ra != rb and len(pool.sizes()[0]) == 2
+    _same(sd1, a)
+    _same(sd2, b)
+    # one tensor alone keeps its load's memory lent (the views share one owner)
+    keep = a["layers"]["3"]
+    del a
+    assert len(pool.sizes()[0]) == 2
+    del keep, b  # the last views: both Iovs go back to the pool, idle (no gc pass needed)
+    lent, idle = pool.sizes()
+    assert not lent and len(idle) == 2
+    # the next load reads into one of them: no new mapping, and the data is the new one
+    again = c.load(2)
+    assert _region_of(again["layers"]["0"]) in (ra, rb)
+    _same(sd2, again)
+    assert len(pool.sizes()[1]) == 1
+    # idle Iovs are unmapped once idle for idle_s
+    pool.idle_s = 0.0
+    assert pool.expire() == 1 and len(pool.sizes()[0]) == 1 and pool.sizes()[1] == []
+    # ... by the pool's own timer, when no load comes
+    p2 = LoadPool(c.store.mount, idle_s=0.2)
+    buf = p2.take(3 << 20)
+    buf[:4] = b"abcd"
+    assert p2.sizes() == ([4 << 20], [])
+    del buf
+    assert p2.sizes() == ([], [4 << 20])
+    deadline = time.monotonic() + 10
+    while p2.sizes()[1] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert p2.sizes() == ([], [])
+    p2.close()
+    # ... and at once past idle_bytes
+    p3 = LoadPool(c.store.mount, idle_bytes=3 << 20)
+    small, big = p3.take(1 << 20), p3.take(3 << 20)
+    del small
+    assert p3.sizes() == ([4 << 20], [2 << 20])
+    del big  # 4 MiB idle alone is past the cap: unmapped
+    assert p3.sizes() == ([], [2 << 20])
+    p3.close()
+    # closing the store deregisters the lent Iov; the tensors keep their memory
+    c.close()
+    assert pool.sizes() == ([], [])
+    _same(sd2, again)
+    again["layers"]["0"].add_(1)
     c.close()
 
 

@@ -1,6 +1,6 @@
 """Two real ``fs3 meta`` processes on one SQLite file, several client processes.
 
-Each client process runs a deterministic random mix of creates, mkdirs, renames
+Each client process runs a deterministic random mix of mknods (FIFOs), mkdirs, renames
 (within and across shared directories) and unlinks over gRPC, alternating
 between the two servers, retrying transient failures with the same request id.
 Every client only touches names it owns, so the final namespace is known
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import random
+import stat
 import subprocess
 import sys
 import time
@@ -72,25 +72,16 @@ def worker(addresses: list[str], tag: str, n: int, seed: int) -> int:
             d = rng.choice(SHARED_DIRS)
             name = f"{tag}-{serial}"
             if rng.random() < 0.8:
-                r = rpc(
-                    "Create",
-                    meta_pb2.CreateRequest(
+                # a FIFO, not a regular file: these meta servers run without routing, and a
+                # regular file needs a chain table to be created (fs3/meta/layout.py)
+                rpc(
+                    "Mknod",
+                    meta_pb2.MknodRequest(
                         user=user,
                         request_id=rid,
                         parent=dirs[d],
                         name=name.encode(),
-                        mode=0o644,
-                        flags=os.O_RDWR | os.O_EXCL,
-                        client_id=tag,
-                    ),
-                )
-                rpc(
-                    "Close",
-                    meta_pb2.CloseRequest(
-                        user=user,
-                        request_id=uuid.uuid4().hex,
-                        inode=r.attr.inode,
-                        session_id=r.session_id,
+                        mode=stat.S_IFIFO | 0o644,
                     ),
                 )
             else:
@@ -262,6 +253,14 @@ def test_two_meta_servers_concurrent_clients(two_metas: tuple[list[str], Path]) 
     with pytest.raises(FsError) as ei:
         call_sync(stub2.Mkdir, meta_pb2.MkdirRequest(parent=1, name=b"nouser", mode=0o755))
     assert ei.value.code == Code.INVALID_ARGUMENT
+    with pytest.raises(FsError) as ei:  # no routing: no chains to place a regular file on
+        call_sync(
+            stub2.Create,
+            meta_pb2.CreateRequest(
+                user=user, request_id=uuid.uuid4().hex, parent=1, name=b"f", mode=0o644
+            ),
+        )
+    assert ei.value.code == Code.UNKNOWN_CHAIN_TABLE and not ei.value.retryable
     assert call_sync(stub2.StatFs, meta_pb2.StatFsRequest(user=user)).name_max == 255
 
     db = open_database(f"sqlite://{db_path}")

@@ -465,10 +465,14 @@ def test_read_many_matches_single_reads_and_fails_over(tmp_path: Path) -> None:
         reqs = [
             (inode, chains, CS, off, b, length) for (off, _), b in zip(spans, bufs, strict=True)
         ]
-        got = await cl.storage.read_many(reqs)
+        reported: list[tuple[int, int | BaseException]] = []
+        got = await cl.storage.read_many(reqs, reported.extend)
         for (off, n), b, r in zip(spans, bufs, got, strict=True):
             want = model[off : off + n]
             assert r == len(want) and bytes(b[: len(want)]) == want, (off, n, r)
+        # every read reported once, as it finished, with its result
+        assert sorted(i for i, _ in reported) == list(range(len(reqs)))
+        assert all(got[i] == r for i, r in reported)
 
         # one replica of chunk 1 goes bad: every read of it still returns the right bytes
         victim = cl.routing.chain_targets(chain)[0]
@@ -477,8 +481,11 @@ def test_read_many_matches_single_reads_and_fails_over(tmp_path: Path) -> None:
         assert meta is not None
         corrupt(eng.data_dir / meta.file, 100)
         bufs = [bytearray(4096) for _ in range(12)]
-        got = await cl.storage.read_many([(inode, chains, CS, CS, b, length) for b in bufs])
-        assert got == [4096] * 12
+        reported = []
+        got = await cl.storage.read_many(
+            [(inode, chains, CS, CS, b, length) for b in bufs], reported.extend
+        )
+        assert got == [4096] * 12 and sorted(reported) == [(i, 4096) for i in range(12)]
         assert all(bytes(b) == model[CS : CS + 4096] for b in bufs)
 
     run(tmp_path, body)

@@ -24,17 +24,19 @@ CAP_TTL_S = 1.0
 HAVE_FUSE = os.path.exists("/dev/fuse") and shutil.which("fusermount3") is not None
 
 
+def small_cluster(*args: Any, **kw: Any) -> ProcessCluster:
+    """The tier's cluster shape: 1 mgmtd, 1 meta, 2 storage nodes of 1 target, 2 replicas."""
+    return ProcessCluster(
+        *args, storage_nodes=2, targets_per_node=1, replicas=2, meta=1, mgmtd=1, **kw
+    )
+
+
 @pytest.fixture(scope="session")
 def secure_cluster() -> Iterator[ProcessCluster]:
     d = Path(tempfile.mkdtemp(prefix="fs3-sec-"))
     create_secret(d / "fs3.secret")
-    c = ProcessCluster(
+    c = small_cluster(
         d,
-        storage_nodes=2,
-        targets_per_node=1,
-        replicas=2,
-        meta=1,
-        mgmtd=1,
         transport="grpc",
         mount=HAVE_FUSE,
         overrides={
@@ -82,4 +84,4 @@ def all_alive(c: ProcessCluster) -> None:
     assert not dead, f"servers died: {dead}"
 
 
-__all__ = ["HAVE_FUSE", "all_alive", "rss_kib", "server_pids"]
+__all__ = ["HAVE_FUSE", "all_alive", "rss_kib", "server_pids", "small_cluster"]

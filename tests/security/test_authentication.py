@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from fs3.config import RpcSection
-from fs3.errors import Code, FsError
+from fs3.errors import Code
 from fs3.proto import (
     common_pb2,
     meta_pb2,
@@ -39,12 +39,14 @@ from fs3.rpc import auth, settings
 from fs3.rpc.channel import ChannelPool, call
 from fs3.security.tokens import Signer
 from fs3.testing.cluster import ProcessCluster
+from fs3.testing.rpc import TRANSPORTS, code_of, pooled
+from tests.integration.fuse_helpers import run_as
+from tests.security.conftest import small_cluster
 
 pytestmark = [pytest.mark.security, pytest.mark.integration, pytest.mark.timeout(120)]
 
 FS3 = [sys.executable, "-m", "fs3.cli.main"]
 FAST = {"storage": {"storage": {"fsync": False}}}
-TRANSPORTS = ["native-uds", "native-tcp", "grpc"]
 
 needs_fuse = pytest.mark.skipif(
     not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None or os.geteuid() != 0,
@@ -61,16 +63,7 @@ def cluster() -> Iterator[ProcessCluster]:
     top = Path(tempfile.mkdtemp(prefix="fs3-sec-"))
     top.chmod(0o755)
     mount = str(top / "mnt") if can_mount else None
-    with ProcessCluster(
-        storage_nodes=2,
-        targets_per_node=1,
-        replicas=2,
-        meta=1,
-        mgmtd=1,
-        transport="grpc",
-        mount=mount,
-        overrides=FAST,
-    ) as c:
+    with small_cluster(transport="grpc", mount=mount, overrides=FAST) as c:
         yield c
     auth.set_default(None)
     shutil.rmtree(top, ignore_errors=True)
@@ -107,19 +100,6 @@ def add_user(cluster: ProcessCluster, name: str, uid: int, gid: int, *extra: str
 
 def addresses(cluster: ProcessCluster) -> dict[str, str]:
     return {p["role"]: p["address"] for p in cluster.status()["processes"] if p["address"]}
-
-
-def _pool(transport: str, token: str = "") -> ChannelPool:
-    settings.configure(RpcSection(unix_sockets=transport != "native-tcp"))
-    return ChannelPool("grpc" if transport == "grpc" else "native", auth.Credential(token=token))
-
-
-async def _code(coro: Any) -> Any:
-    try:
-        await coro
-    except FsError as e:
-        return e.code
-    return "ok"
 
 
 def _every_call(pool: ChannelPool, a: dict[str, str]) -> list[tuple[str, Any]]:
@@ -171,17 +151,14 @@ def test_unauthenticated_calls_to_every_service_are_refused(
 
     async def main() -> None:
         for token in ("", foreign):
-            pool = _pool(transport, token)
-            try:
+            async with pooled(transport, auth.Credential(token=token)) as pool:
                 for what, coro in _every_call(pool, a):
-                    code = await _code(coro)
+                    code = await code_of(coro)
                     assert code == Code.UNAUTHENTICATED, (what, token[:10], code)
                 # the health probe stays open and says only who leads
                 mg = mgmtd_pb2_grpc.MgmtdServiceStub(pool.get(a["mgmtd"]))
                 r = await call(mg.GetLeader, mgmtd_pb2.GetLeaderRequest(), timeout=5)
                 assert r.is_leader
-            finally:
-                await pool.close()
 
     asyncio.run(main())
     # nothing changed: every target still serving, no user, no directory
@@ -228,8 +205,7 @@ def test_admin_rpcs_need_an_admin_credential(cluster: ProcessCluster, transport:
     a = addresses(cluster)
 
     async def main() -> None:
-        pool = _pool(transport, plain)
-        try:
+        async with pooled(transport, auth.Credential(token=plain)) as pool:
             mg = mgmtd_pb2_grpc.MgmtdServiceStub(pool.get(a["mgmtd"]))
             for coro in (
                 call(
@@ -243,21 +219,16 @@ def test_admin_rpcs_need_an_admin_credential(cluster: ProcessCluster, transport:
                 call(mg.RemoveUser, mgmtd_pb2.RemoveUserRequest(name="carol")),
                 call(mg.Heartbeat, mgmtd_pb2.HeartbeatRequest(node_id=10001)),
             ):
-                assert await _code(coro) == Code.PERMISSION_DENIED
-            assert await _code(call(mg.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())) == "ok"
-        finally:
-            await pool.close()
-        pool = _pool(transport, boss)
-        try:
+                assert await code_of(coro) == Code.PERMISSION_DENIED
+            assert await code_of(call(mg.GetRoutingInfo, mgmtd_pb2.GetRoutingInfoRequest())) == "ok"
+        async with pooled(transport, auth.Credential(token=boss)) as pool:
             mg = mgmtd_pb2_grpc.MgmtdServiceStub(pool.get(a["mgmtd"]))
             req = mgmtd_pb2.SetTargetStateRequest(target_id=101, offline=False)  # no change
-            assert await _code(call(mg.SetTargetState, req)) == "ok"
-            assert await _code(call(mg.ListUsers, mgmtd_pb2.ListUsersRequest())) == "ok"
+            assert await code_of(call(mg.SetTargetState, req)) == "ok"
+            assert await code_of(call(mg.ListUsers, mgmtd_pb2.ListUsersRequest())) == "ok"
             # an admin user is still no service: it cannot pose as a storage node
             hb = mgmtd_pb2.HeartbeatRequest(node_id=10001)
-            assert await _code(call(mg.Heartbeat, hb)) == Code.PERMISSION_DENIED
-        finally:
-            await pool.close()
+            assert await code_of(call(mg.Heartbeat, hb)) == Code.PERMISSION_DENIED
 
     asyncio.run(main())
     users = json.loads(admin(cluster, "--json", "user", "list").stdout)
@@ -334,24 +305,6 @@ def test_token_from_the_environment(cluster: ProcessCluster, tmp_path: Path) -> 
 # ------------------------------------------------------------------- FUSE: the mount credential
 
 
-def run_as(uid: int, gid: int, code: str) -> Any:
-    """Run ``code`` (sets ``result``) as uid/gid; an OSError comes back as {"errno": N}."""
-    prog = (
-        "import os, json\n"
-        f"os.setgroups([]); os.setresgid({gid}, {gid}, {gid}); os.setresuid({uid}, {uid}, {uid})\n"
-        "result = None\n"
-        "try:\n"
-        + "".join(f"    {line}\n" for line in code.strip().splitlines())
-        + "except OSError as e:\n    result = {'errno': e.errno}\n"
-        "print(json.dumps(result))\n"
-    )
-    r = subprocess.run(
-        [sys.executable, "-c", prog], capture_output=True, text=True, timeout=30, check=False
-    )
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
 @needs_fuse
 @pytest.mark.fuse
 def test_fuse_acts_for_each_local_user_with_their_own_permissions(cluster: ProcessCluster) -> None:
@@ -365,8 +318,8 @@ def test_fuse_acts_for_each_local_user_with_their_own_permissions(cluster: Proce
     users = [(2001, 2001), (2002, 2002), (65534, 65534)]
     for uid, gid in users:
         home = base / str(uid)
-        assert run_as(uid, gid, f"os.mkdir({str(home)!r}, 0o700); result = 'ok'") == "ok"
-        r = run_as(uid, gid, f"open({str(home / 'f')!r}, 'w').write('x'); result = 'ok'")
+        assert run_as(uid, gid, [], f"os.mkdir({str(home)!r}, 0o700); result = 'ok'") == "ok"
+        r = run_as(uid, gid, [], f"open({str(home / 'f')!r}, 'w').write('x'); result = 'ok'")
         assert r == "ok"
         st = (home / "f").stat()
         assert (st.st_uid, st.st_gid) == (uid, gid)
@@ -374,24 +327,23 @@ def test_fuse_acts_for_each_local_user_with_their_own_permissions(cluster: Proce
         for other, _ in users:
             if other == uid:
                 continue
-            r = run_as(uid, gid, f"result = os.listdir({str(base / str(other))!r})")
+            r = run_as(uid, gid, [], f"result = os.listdir({str(base / str(other))!r})")
             assert r == {"errno": errno.EACCES}, (uid, other)
-            r = run_as(uid, gid, f"open({str(base / str(other) / 'g')!r}, 'w'); result = 'ok'")
+            r = run_as(uid, gid, [], f"open({str(base / str(other) / 'g')!r}, 'w'); result = 'ok'")
             assert r == {"errno": errno.EACCES}
-        r = run_as(uid, gid, f"os.chown({str(base / str(uid) / 'f')!r}, 0, 0); result = 'ok'")
+        r = run_as(uid, gid, [], f"os.chown({str(base / str(uid) / 'f')!r}, 0, 0); result = 'ok'")
         assert r == {"errno": errno.EPERM}
-        r = run_as(uid, gid, f"os.mkdir({str(Path(cluster.mountpoint) / 'x')!r}); result = 'ok'")
+        r = run_as(
+            uid, gid, [], f"os.mkdir({str(Path(cluster.mountpoint) / 'x')!r}); result = 'ok'"
+        )
         assert r == {"errno": errno.EACCES}
     # the mount token is no admin credential
     token = Path(cluster.cluster_file).parent.joinpath("fuse.token").read_text()
 
     async def try_admin() -> Any:
-        pool = _pool("native-uds", token)
-        try:
+        async with pooled("native-uds", auth.Credential(token=token)) as pool:
             mg = mgmtd_pb2_grpc.MgmtdServiceStub(pool.get(addresses(cluster)["mgmtd"]))
             req = mgmtd_pb2.SetTargetStateRequest(target_id=101, offline=True)
-            return await _code(call(mg.SetTargetState, req))
-        finally:
-            await pool.close()
+            return await code_of(call(mg.SetTargetState, req))
 
     assert asyncio.run(try_admin()) == Code.PERMISSION_DENIED

@@ -151,8 +151,12 @@ def attacks(secret: bytes, v: dict[str, Any]) -> dict[str, tuple[Callable[[Any],
     chunk1_only = mint(secret, ino, C.WRITE, first=1, last=1)
     P = Code.PERMISSION_DENIED
 
+    def via(method: str, req: Any, which: str = "head") -> Callable[[Any], Any]:
+        """The attack: ``req`` sent to ``method`` of the head (or the successor)."""
+        return lambda cs: call_sync(getattr(stub(cs, which), method), req, timeout=10)
+
     def w(token: bytes, index: int = 0) -> Callable[[Any], Any]:
-        return lambda cs: call_sync(stub(cs).Write, write_req(ch, ino, token, index), timeout=10)
+        return via("Write", write_req(ch, ino, token, index))
 
     def trunc(token: bytes) -> Callable[[Any], Any]:
         op = storage_pb2.TruncateChunkOp(
@@ -163,9 +167,7 @@ def attacks(secret: bytes, v: dict[str, Any]) -> dict[str, tuple[Callable[[Any],
             chunk_size=CHUNK,
             capability=token,
         )
-        return lambda cs: call_sync(
-            stub(cs).TruncateChunks, storage_pb2.TruncateChunksRequest(ops=[op]), timeout=10
-        )
+        return via("TruncateChunks", storage_pb2.TruncateChunksRequest(ops=[op]))
 
     def remove(token: bytes) -> Callable[[Any], Any]:
         op = storage_pb2.RemoveChunksOp(
@@ -174,9 +176,7 @@ def attacks(secret: bytes, v: dict[str, Any]) -> dict[str, tuple[Callable[[Any],
             range=storage_pb2.ChunkRange(inode=ino, begin=0, end=0),
             capability=token,
         )
-        return lambda cs: call_sync(
-            stub(cs).RemoveChunks, storage_pb2.RemoveChunksRequest(ops=[op]), timeout=10
-        )
+        return via("RemoveChunks", storage_pb2.RemoveChunksRequest(ops=[op]))
 
     def read(token: bytes) -> Callable[[Any], Any]:
         io = storage_pb2.ReadIO(
@@ -188,9 +188,7 @@ def attacks(secret: bytes, v: dict[str, Any]) -> dict[str, tuple[Callable[[Any],
             capability=token,
         )
         io.dest.inline = b""
-        return lambda cs: call_sync(
-            stub(cs).BatchRead, storage_pb2.BatchReadRequest(ios=[io]), timeout=10
-        )
+        return via("BatchRead", storage_pb2.BatchReadRequest(ios=[io]))
 
     def update_direct(token: bytes) -> Callable[[Any], Any]:
         req = write_req(ch, ino, token)
@@ -198,7 +196,7 @@ def attacks(secret: bytes, v: dict[str, Any]) -> dict[str, tuple[Callable[[Any],
             io=req.io, tag=req.tag, from_target_id=ch.head, to_target_id=ch.succ, capability=token
         )
         u.io.update_ver = 1000
-        return lambda cs: call_sync(stub(cs, "succ").Update, u, timeout=10)
+        return via("Update", u, "succ")
 
     def query(token: bytes) -> Callable[[Any], Any]:
         op = storage_pb2.QueryLastChunkOp(
@@ -207,29 +205,22 @@ def attacks(secret: bytes, v: dict[str, Any]) -> dict[str, tuple[Callable[[Any],
             range=storage_pb2.ChunkRange(inode=ino),
             capability=token,
         )
-        return lambda cs: call_sync(
-            stub(cs).QueryLastChunk, storage_pb2.QueryLastChunkRequest(ops=[op]), timeout=10
-        )
+        return via("QueryLastChunk", storage_pb2.QueryLastChunkRequest(ops=[op]))
 
-    def sync_done(token: bytes) -> Callable[[Any], Any]:
-        r = storage_pb2.SyncDoneRequest(
-            chain_id=ch.id,
-            chain_version=ch.version,
-            target_id=ch.succ,
-            from_target_id=ch.head,
-            capability=token,
+    def sync(method: str, token: bytes) -> Callable[[Any], Any]:
+        """SyncStart / SyncDone from the head to the successor."""
+        request = getattr(storage_pb2, f"{method}Request")
+        return via(
+            method,
+            request(
+                chain_id=ch.id,
+                chain_version=ch.version,
+                target_id=ch.succ,
+                from_target_id=ch.head,
+                capability=token,
+            ),
+            "succ",
         )
-        return lambda cs: call_sync(stub(cs, "succ").SyncDone, r, timeout=10)
-
-    def sync_start(token: bytes) -> Callable[[Any], Any]:
-        r = storage_pb2.SyncStartRequest(
-            chain_id=ch.id,
-            chain_version=ch.version,
-            target_id=ch.succ,
-            from_target_id=ch.head,
-            capability=token,
-        )
-        return lambda cs: call_sync(stub(cs, "succ").SyncStart, r, timeout=10)
 
     return {
         "write without capability": (w(b""), P),
@@ -253,8 +244,8 @@ def attacks(secret: bytes, v: dict[str, Any]) -> dict[str, tuple[Callable[[Any],
             update_direct(mint(secret, ino, C.WRITE)),
             P,
         ),
-        "SyncDone without a service capability": (sync_done(b""), P),
-        "SyncStart with a user capability": (sync_start(read_cap), P),
+        "SyncDone without a service capability": (sync("SyncDone", b""), P),
+        "SyncStart with a user capability": (sync("SyncStart", read_cap), P),
     }
 
 

@@ -277,7 +277,10 @@ def native_send(address: str, data: bytes, *, linger: float = 0.0) -> bytes:
             s.sendall(data)
         except OSError:
             return b""
-        s.shutdown(socket.SHUT_WR)
+        try:
+            s.shutdown(socket.SHUT_WR)
+        except OSError:  # the server already closed it (its right with hostile input)
+            return b""
         out = b""
         s.settimeout(2 + linger)
         try:

@@ -24,6 +24,7 @@ from fs3.rpc import auth, settings
 from fs3.rpc.channel import call as rpc_call
 from fs3.rpc.channel import insecure_channel, native_channel
 from fs3.testing.cluster import ProcessCluster
+from tests.security.conftest import small_cluster
 
 pytestmark = [pytest.mark.security, pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -32,12 +33,7 @@ NO_UDS = {"rpc": {"unix_sockets": False}}
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ProcessCluster]:
-    with ProcessCluster(
-        storage_nodes=2,
-        targets_per_node=1,
-        replicas=2,
-        meta=1,
-        mgmtd=1,
+    with small_cluster(
         transport="tcp",
         tls=True,
         overrides={

@@ -32,7 +32,9 @@ LOOKUP_PATH_MAX = 64  # names per LookupPath
 
 
 def _lookup(ctx: OpCtx, tx: MetaTxn, parent_ino: int, name: bytes) -> Inode:
-    parent = search_dir(tx, ctx, parent_ino, snapshot=True)
+    # the parent's own attributes are returned only for "."; otherwise its
+    # mtime/ctime (a second key) are not needed
+    parent = search_dir(tx, ctx, parent_ino, snapshot=True, times=name == b".")
     if name == b".":
         return parent
     if name == b"..":

@@ -106,6 +106,9 @@ class _StreamState:
         self.waiter: asyncio.Future[None] | None = None
         self.done = False
         self.error: FsError | None = None
+        # queued bytes this stream holds against the connection's max_inflight_bytes;
+        # 0 once released (ClientConnection._release_stream)
+        self.nbytes = 0
 
     def wake(self) -> None:
         w = self.waiter
@@ -127,8 +130,9 @@ class ClientConnection(FrameReceiver):
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._streams: dict[int, _StreamState] = {}
         self._dests: dict[int, Into] = {}
-        # unary deadlines (loop time, method id, path), enforced by FrameReceiver's sweep
-        self._deadlines: dict[int, tuple[float, int, str]] = {}
+        # unary deadlines (loop time, method id, path, the call's future), enforced by
+        # FrameReceiver's sweep from the moment the call starts, queued or sent
+        self._deadlines: dict[int, tuple[float, int, str, asyncio.Future[Any]]] = {}
         self._inflight = 0
         self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._write_paused = False
@@ -184,6 +188,7 @@ class ClientConnection(FrameReceiver):
                 fut.set_exception(err)
         streams, self._streams = self._streams, {}
         for st in streams.values():
+            self._release_stream(st)
             if not st.done:
                 st.done = True
                 st.error = err
@@ -244,12 +249,14 @@ class ClientConnection(FrameReceiver):
                 st.done = True
                 if kind == ERROR:
                     st.error = _from_detail(body)
+                self._release_stream(st)
                 st.wake()
             return  # a late answer to a call given up on (cancelled, deadline)
         if kind == MESSAGE:
             st = self._streams.get(request_id)
             if st is not None:
                 st.queue.append((body, len(body)))
+                st.nbytes += len(body)
                 self._queued_bytes += len(body)
                 if (
                     self._queued_bytes > self.channel.max_inflight_bytes
@@ -264,9 +271,28 @@ class ClientConnection(FrameReceiver):
             st = self._streams.pop(request_id, None)
             if st is not None:
                 st.done = True
+                self._release_stream(st)
                 st.wake()
             return
         raise ProtocolViolation(f"a server sent a {wire.KIND_NAMES[kind]} frame")
+
+    def _take(self, st: _StreamState) -> bytes | memoryview:
+        """The next queued message of a stream, its bytes released if still held."""
+        body, n = st.queue.popleft()
+        if st.nbytes:
+            st.nbytes -= n
+            self._consumed(n)
+        return body
+
+    def _release_stream(self, st: _StreamState) -> None:
+        """A stream that ended (END, ERROR, cancel, connection lost) stops holding the
+        connection's reading: no more messages can arrive for it, so its unread ones
+        need no backpressure, and a consumer that drops them (or the call) would
+        otherwise keep the connection paused, and every call on it waiting, for good.
+        What is still queued stays readable and is freed with the call object."""
+        n, st.nbytes = st.nbytes, 0
+        if n:
+            self._consumed(n)
 
     def _consumed(self, nbytes: int) -> None:
         self._queued_bytes -= nbytes
@@ -277,11 +303,27 @@ class ClientConnection(FrameReceiver):
 
     # -- sending -------------------------------------------------------------------
 
-    async def _acquire_slot(self) -> None:
+    @staticmethod
+    async def _wait_unless_failed(w: asyncio.Future[Any], call: asyncio.Future[Any]) -> None:
+        """Wait for ``w``, or raise the call's error if it fails first (its deadline
+        passed while it waited to be sent)."""
+        await asyncio.wait((w, call), return_when=asyncio.FIRST_COMPLETED)
+        if call.done():
+            call.result()
+
+    async def _acquire_slot(self, call: asyncio.Future[Any]) -> None:
+        """Wait for a free call slot; raise the call's error if it fails first."""
         while self._inflight >= self.channel.max_inflight_calls and not self.closed:
             w = self._loop.create_future()
             self._slot_waiters.append(w)
-            await w
+            try:
+                await self._wait_unless_failed(w, call)
+            except BaseException:
+                if w.done():
+                    self._wake_slot_waiter()  # the free slot this waiter was given goes on
+                else:
+                    w.cancel()  # skipped by _wake_slot_waiter
+                raise
         if self.closed:
             raise _unavailable(self.channel.address, "connection closed")
         self._inflight += 1
@@ -293,9 +335,14 @@ class ClientConnection(FrameReceiver):
                 w.set_result(None)
                 break
 
-    async def writable(self) -> None:
+    async def writable(self, call: asyncio.Future[Any] | None = None) -> None:
+        """Wait until the transport takes more bytes; with ``call``, raise its
+        error as soon as it fails (deadline) instead."""
         while self._write_paused and not self.closed and self._drained is not None:
-            await asyncio.shield(self._drained)
+            if call is None:
+                await asyncio.shield(self._drained)
+            else:
+                await self._wait_unless_failed(self._drained, call)
         if self.closed:
             raise _unavailable(self.channel.address, "connection closed")
 
@@ -326,7 +373,10 @@ class ClientConnection(FrameReceiver):
 
     def cancel(self, mid: int, rid: int) -> None:
         self._pending.pop(rid, None)
-        self._streams.pop(rid, None)
+        st = self._streams.pop(rid, None)
+        if st is not None:
+            st.queue.clear()  # a cancelled stream is not read any more
+            self._release_stream(st)
         if self.transport is not None and not self.closed:
             self.write_frame(self.transport, wire.pack(CANCEL, 0, mid, rid, 0, b""))
 
@@ -349,31 +399,39 @@ class ClientConnection(FrameReceiver):
                 f"{path}: request of {len(body)} + {0 if payload is None else len(payload)} bytes "
                 f"exceeds the limits ({self.max_body} + {self.max_payload})",
             )
-        if self._inflight >= self.channel.max_inflight_calls:
-            await self._acquire_slot()
-        else:
-            self._inflight += 1
         rid = self._next_rid
         self._next_rid = rid + 1
         loop = self._loop
         fut: asyncio.Future[Any] = loop.create_future()
         pending = self._pending
-        pending[rid] = fut
-        if into is not None:
-            self._dests[rid] = into
+        deadline = 0.0
+        if timeout is not None:
+            # the deadline runs from here: a call waiting for a slot or for a
+            # backed-up connection fails with TIMEOUT on time (expire_deadlines)
+            deadline = loop.time() + timeout
+            self._deadlines[rid] = (deadline, mid, path, fut)
+            if deadline < self._sweep_at:
+                self.arm_deadline(deadline)
+        slot = False
         try:
+            if self._inflight >= self.channel.max_inflight_calls:
+                await self._acquire_slot(fut)
+            else:
+                self._inflight += 1
+            slot = True
             if self._write_paused:
-                await self.writable()
+                await self.writable(fut)
             t = self.transport
             if t is None or self.closed:
                 raise _unavailable(self.channel.address, "connection closed")
+            if fut.done():  # failed (deadline) just as the wait ended
+                fut.result()
             tmo = 0
             if timeout is not None:
-                deadline = loop.time() + timeout
-                self._deadlines[rid] = (deadline, mid, path)
-                if deadline < self._sweep_at:
-                    self.arm_deadline(deadline)
-                tmo = max(1, int(timeout * 1000))
+                tmo = max(1, int((deadline - loop.time()) * 1000))  # what remains
+            pending[rid] = fut
+            if into is not None:
+                self._dests[rid] = into
             if payload is None or not len(payload):
                 self.write_one(
                     t, PACK_HEADER(CALL, HAS_MESSAGE, 0, mid, rid, tmo, len(body), 0) + body
@@ -400,25 +458,25 @@ class ClientConnection(FrameReceiver):
             if into is not None:
                 self._dests.pop(rid, None)
             pending.pop(rid, None)
-            self._inflight -= 1
-            if self._slot_waiters:
-                self._wake_slot_waiter()
+            if slot:
+                self._inflight -= 1
+                if self._slot_waiters:
+                    self._wake_slot_waiter()
 
     def expire_deadlines(self, now: float) -> float:
         """Fail every call past its deadline with TIMEOUT (and CANCEL it on the server)."""
         nxt = math.inf
-        for rid, (deadline, mid, path) in list(self._deadlines.items()):
+        for rid, (deadline, mid, path, fut) in list(self._deadlines.items()):
             if deadline > now:
                 nxt = min(nxt, deadline)
                 continue
             del self._deadlines[rid]
-            fut = self._pending.get(rid)
-            if fut is not None:
-                self.cancel(mid, rid)
-                if not fut.done():
-                    fut.set_exception(
-                        FsError(Code.TIMEOUT, f"{path}: deadline exceeded", retryable=True)
-                    )
+            if self._pending.get(rid) is fut:
+                self.cancel(mid, rid)  # sent: the server stops working on it too
+            if not fut.done():
+                fut.set_exception(
+                    FsError(Code.TIMEOUT, f"{path}: deadline exceeded", retryable=True)
+                )
         return nxt
 
     def open_stream(
@@ -600,7 +658,10 @@ class UnaryUnary:
         payload: Any,
         into: Into | None,
     ) -> Any:
+        start = asyncio.get_running_loop().time()
         conn = await self._channel.connection(timeout)
+        if timeout is not None:  # the deadline runs from the call's start
+            timeout = max(0.0, timeout - (asyncio.get_running_loop().time() - start))
         return await conn.unary(self._mid, self._path, body, timeout, payload, into, self._deser)
 
 
@@ -646,6 +707,9 @@ class StreamCall:
         self._finished = False
         self._writer: asyncio.Task[None] | None = None
         self._into: Scatter | None = None
+        loop = asyncio.get_running_loop()
+        # the call's deadline (loop time) runs from here, like a unary call's
+        self._deadline = None if not timeout else loop.time() + timeout
         iterator = None
         first: bytes | None = None
         if request is not None:
@@ -661,6 +725,8 @@ class StreamCall:
     async def _start(self, first: bytes | None, timeout: float | None) -> None:  # noqa: ASYNC109
         conn = await self._f._channel.connection(timeout)
         self._conn = conn
+        if self._deadline is not None:  # the server gets what remains
+            timeout = max(0.001, self._deadline - conn._loop.time())
         self._rid, self._st = conn.open_stream(self._f._mid, first, timeout)
         self._st.into = self._into
 
@@ -693,13 +759,29 @@ class StreamCall:
         if self._st is None or self._st.done or self._finished:
             raise _unavailable(self._f._path, "stream closed")
         if conn._write_paused:
-            await conn.writable()
+            try:
+                async with asyncio.timeout_at(self._deadline):
+                    await conn.writable()
+            except TimeoutError:
+                raise self._deadline_passed() from None
         conn.send(MESSAGE, HAS_MESSAGE, self._f._mid, self._rid, 0, request.SerializeToString())
 
     async def done_writing(self) -> None:
         conn = await self._ready()
         if self._st is not None and not self._st.done and not conn.closed:
             conn.send(HALF_CLOSE, 0, self._f._mid, self._rid, 0, b"")
+
+    def _deadline_passed(self) -> FsError:
+        """End the call with TIMEOUT (its deadline passed while a write waited):
+        cancelled on the server, the error for its reader too."""
+        err = FsError(Code.TIMEOUT, f"{self._f._path}: deadline exceeded", retryable=True)
+        conn, st = self._conn, self._st
+        if conn is not None and st is not None and not st.done:
+            conn.cancel(self._f._mid, self._rid)
+            st.done = True
+            st.error = err
+            st.wake()
+        return err
 
     def __aiter__(self) -> StreamCall:
         return self
@@ -712,9 +794,7 @@ class StreamCall:
             if self._cancelled:
                 raise asyncio.CancelledError()
             if st.queue:
-                body, n = st.queue.popleft()
-                conn._consumed(n)
-                return self._f._deser(body)
+                return self._f._deser(conn._take(st))
             if st.done:
                 self._finished = True
                 if st.error is not None:

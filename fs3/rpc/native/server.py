@@ -15,8 +15,9 @@ One :class:`ServerConnection` per peer:
   ``max_inflight_bytes`` request bytes (bodies + payloads + queued stream
   messages) are in flight, or while the peer is not reading our replies, the
   connection stops reading (TCP backpressure reaches the sender); replies wait
-  for the transport to drain; a peer that has not read for ``stall_timeout_s``
-  is disconnected. Memory per connection is therefore bounded by the limits,
+  for the transport to drain; a peer that has not read anything (no byte of
+  the write buffer drained) for ``stall_timeout_s`` is disconnected; a slow
+  peer that keeps reading is not. Memory per connection is therefore bounded by the limits,
   whatever the peer sends;
 * a malformed frame (bad kind or length, unknown method, undecodable body,
   payload above the maximum) closes that connection with one log line; every
@@ -217,8 +218,8 @@ def _resume(coro: Any, step: Any, cancel: bool = False) -> Any:
                 return stop.value
 
 
-class _Call:
-    """One call in flight.
+class _Call(NativeContext):
+    """One call in flight, and the context its handler gets (one object per call).
 
     While a unary handler runs its first step inline (see
     :meth:`ServerConnection._start_call`) there is no task yet: the call stands
@@ -229,24 +230,40 @@ class _Call:
 
     __slots__ = (
         "task",
-        "deadline",
         "timed_out",
         "peer_cancelled",
         "queue",
         "nbytes",
         "method",
+        "started",
+        "stop_requested",
         "_cancels",
     )
 
-    def __init__(self, method: Method, nbytes: int, deadline: float | None) -> None:
+    def __init__(
+        self,
+        method: Method,
+        nbytes: int,
+        deadline: float | None,  # loop time; the connection's sweep enforces it
+        payload: wire.Payload | None,
+        peer: str,
+        principal: Any,
+    ) -> None:
+        self.payload = payload
+        self.principal = principal
+        self.reply_payload = None
+        self._detail = None
+        self._deadline = deadline
+        self.peer_name = peer
         self.method = method
         self.task: asyncio.Task[None] | None = None
-        self.deadline = deadline  # loop time; the connection's sweep enforces it
         self.timed_out = False
         self.peer_cancelled = False
         self.queue: asyncio.Queue[Any] | None = None
         self.nbytes = nbytes
         self._cancels = 0  # cancel() requests made before the task existed
+        self.started = False  # the task running the call has taken its first step
+        self.stop_requested = False  # stop() came before that first step
 
     # -- the asyncio.Task surface used on asyncio.current_task() ---------------------
 
@@ -267,6 +284,28 @@ class _Call:
 
     def done(self) -> bool:
         return self.task.done() if self.task is not None else False
+
+    # -- the server's side -------------------------------------------------------------
+
+    def stop(self) -> None:
+        """End the handler (a CANCEL frame, the deadline, the connection lost).
+
+        A task cancelled before its first step never runs its coroutine at
+        all: the call's wrapper (whose ``finally`` ends the call) would not
+        run, and a handler whose first step already ran inline would stay
+        suspended for good, keeping whatever it holds (a chunk lock: every
+        later update of that chunk then waits for it). A CANCEL frame read in
+        the same buffer as its CALL does exactly that. So before the first
+        step the request is noted, and the wrapper cancels its own task as it
+        starts (:meth:`ServerConnection._begin`), which reaches the handler
+        where it waits, as a cancellation of a running task does.
+        """
+        if self.task is None:
+            return
+        if self.started:
+            self.task.cancel()
+        else:
+            self.stop_requested = True
 
 
 class _RequestStream:
@@ -308,12 +347,13 @@ class ServerConnection(FrameReceiver):
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
         self._stall: asyncio.TimerHandle | None = None
+        self._stall_unsent = 0  # write buffer size when the stall timer was last armed
         self._closed = False
         self._relay: GrpcRelay | None = None
         self.peer = "unknown peer"
         self.principal: Any = None  # set by the AUTH frame (fs3.rpc.auth)
         self._authing = False  # its check is running: no call is read before it ends
-        self._frames = 0
+        self._any_frame = False  # AUTH is only allowed as the first frame
 
     # -- asyncio ------------------------------------------------------------------
 
@@ -338,8 +378,7 @@ class ServerConnection(FrameReceiver):
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
         for call in list(self._calls.values()):
-            if call.task is not None:
-                call.task.cancel()
+            call.stop()
         self._calls.clear()
         if self._relay is not None:
             self._relay.front_lost()
@@ -350,7 +389,7 @@ class ServerConnection(FrameReceiver):
             self._drained = self._loop.create_future()
         self._update_reading()
         if self._stall is None:
-            self._stall = self._loop.call_later(self._lim.stall_timeout_s, self._stalled)
+            self._arm_stall()
 
     def resume_writing(self) -> None:
         self._write_paused = False
@@ -361,9 +400,25 @@ class ServerConnection(FrameReceiver):
             self._drained.set_result(None)
         self._update_reading()
 
+    def _arm_stall(self) -> None:
+        assert self._transport is not None
+        self._stall_unsent = self._transport.get_write_buffer_size()
+        self._stall = self._loop.call_later(self._lim.stall_timeout_s, self._stalled)
+
     def _stalled(self) -> None:
+        """``stall_timeout_s`` after the timer was armed: if the write buffer went
+        down since, the peer is reading, only slowly: watch another period. A peer
+        that reads nothing is closed after ``stall_timeout_s``, one that stops
+        reading later within twice that.
+
+        While writing is paused the replies wait for the drain, so the buffer only
+        grows by the odd frame written regardless (errors, cancels): it shrinking
+        is bytes the peer took."""
         self._stall = None
         if self._closed or self._transport is None:
+            return
+        if self._transport.get_write_buffer_size() < self._stall_unsent:
+            self._arm_stall()
             return
         log.warning(
             "closing native connection from %s: peer stopped reading (%d bytes unsent for %.0f s)",
@@ -423,11 +478,14 @@ class ServerConnection(FrameReceiver):
         body: bytes | memoryview,
         payload: wire.Payload | None,
     ) -> None:
-        self._frames += 1
         if kind == CALL:
+            self._any_frame = True
             self._start_call(flags, method_id, request_id, timeout_ms, body, payload)
-        elif kind == AUTH:
-            self._authenticate(bytes(body))
+            return
+        first = not self._any_frame
+        self._any_frame = True
+        if kind == AUTH:
+            self._authenticate(bytes(body), first)
         elif kind == MESSAGE:
             call = self._calls.get(request_id)
             if call is None:
@@ -448,13 +506,13 @@ class ServerConnection(FrameReceiver):
             call = self._calls.get(request_id)
             if call is not None and call.task is not None:
                 call.peer_cancelled = True
-                call.task.cancel()
+                call.stop()
         else:
             raise ProtocolViolation(f"a client sent a {wire.KIND_NAMES[kind]} frame")
 
-    def _authenticate(self, token: bytes) -> None:
+    def _authenticate(self, token: bytes, first: bool) -> None:
         """Check the connection's credential before reading any call (one task per connection)."""
-        if self._frames != 1:
+        if not first:
             raise ProtocolViolation("AUTH is only allowed as the first frame")
         auth = self.server.auth
         if auth is None:
@@ -510,28 +568,36 @@ class ServerConnection(FrameReceiver):
                 detail_of(FsError(Code.NOT_IMPLEMENTED, f"{what}")),
             )
             raise ProtocolViolation(what)
-        method, handler = entry
+        method, handler, unary = entry
         if rid in self._calls:
             raise ProtocolViolation(f"request id {rid} reused while its call is in flight")
-        request = self._decode(method, body) if flags & HAS_MESSAGE else None
-        if request is None and not method.client_streaming:
+        if flags & HAS_MESSAGE:
+            request = self._decode(method, body)
+        elif method.client_streaming:
+            request = None
+        else:
             raise ProtocolViolation(f"CALL of {method.path} without its request message")
         size = len(body) if payload is None else len(body) + wire.payload_len(payload)
-        deadline = self._loop.time() + timeout_ms / 1000.0 if timeout_ms else None
-        call = _Call(method, size, deadline)
         # a refused AUTH: every call of the connection is answered with the reason
-        ctx = NativeContext(payload, deadline, self.peer, self.auth_error or self.principal)
-        if not method.client_streaming and not method.server_streaming:
-            self._start_unary(rid, call, handler(request, ctx), ctx)
+        call = _Call(
+            method,
+            size,
+            self._loop.time() + timeout_ms / 1000.0 if timeout_ms else None,
+            payload,
+            self.peer,
+            self.auth_error or self.principal,
+        )
+        if unary:
+            self._start_unary(rid, call, handler(request, call))
             return
         self._register(rid, call)
         if method.client_streaming:
             call.queue = asyncio.Queue()
             if request is not None:
                 call.queue.put_nowait((request, 0))
-            coro: Any = self._run_stream(rid, call, handler(_RequestStream(self, rid, call), ctx))
+            coro: Any = self._run_stream(rid, call, handler(_RequestStream(self, rid, call), call))
         else:
-            coro = self._run_stream(rid, call, handler(request, ctx))
+            coro = self._run_stream(rid, call, handler(request, call))
         call.task = self._loop.create_task(coro)
 
     def _register(self, rid: int, call: _Call) -> None:
@@ -543,11 +609,11 @@ class ServerConnection(FrameReceiver):
         lim = self._lim
         if len(calls) >= lim.max_inflight_calls or self._inflight_bytes >= lim.max_inflight_bytes:
             self._update_reading()
-        d = call.deadline
+        d = call._deadline
         if d is not None and d < self._sweep_at:
             self.arm_deadline(d)
 
-    def _start_unary(self, rid: int, call: _Call, hc: Any, ctx: NativeContext) -> None:
+    def _start_unary(self, rid: int, call: _Call, hc: Any) -> None:
         """Run the handler's first step inline; answer at once if that finishes it.
 
         Most handlers (point reads, cached answers) finish without suspending:
@@ -557,79 +623,89 @@ class ServerConnection(FrameReceiver):
         step it stopped at is handed over, nothing runs twice. The first step
         runs in the context the task then keeps, as a task's would.
         """
-        method = call.method
         loop = self._loop
         cv = contextvars.copy_context()
         try:
             _enter_task(loop, call)
         except RuntimeError:  # called from inside a task (not from the protocol callback)
             self._register(rid, call)
-            call.task = loop.create_task(self._run_unary(rid, call, hc, ctx), context=cv)
+            call.task = loop.create_task(self._run_unary(rid, call, hc), context=cv)
             return
         try:
             step = cv.run(hc.send, None)
         except StopIteration as stop:
             if self._write_paused:
                 self._register(rid, call)
-                coro = self._run_unary(rid, call, _done(stop.value), ctx)
+                coro = self._run_unary(rid, call, _done(stop.value))
                 call.task = loop.create_task(coro, context=cv)
                 return
             try:
-                self._reply(rid, method, stop.value, ctx)
+                self._reply(rid, call, stop.value)
             except Exception as exc:
+                method = call.method
                 self._send(ERROR, method.id, rid, _error_detail(exc, method.path))
             return
         except Exception as exc:
+            method = call.method
             self._send(ERROR, method.id, rid, _error_detail(exc, method.path))
             return
         finally:
             _leave_task(loop, call)
         self._register(rid, call)
         cancel = call._cancels > 0  # the first step cancelled its own (stand-in) task
-        coro = self._run_unary(rid, call, _resume(hc, step, cancel), ctx)
+        coro = self._run_unary(rid, call, _resume(hc, step, cancel))
         call.task = loop.create_task(coro, context=cv)
 
-    def _reply(self, rid: int, method: Method, resp: Any, ctx: NativeContext) -> None:
+    def _reply(self, rid: int, call: _Call, resp: Any) -> None:
         body = resp.SerializeToString()
-        if len(body) > self.max_body:
+        n = len(body)
+        if n > self.max_body:
             # the client would drop the connection (and every call on it) for this frame
             raise FsError(
                 Code.INVALID_ARGUMENT,
-                f"{method.path}: answer of {len(body)} bytes exceeds {self.max_body}",
+                f"{call.method.path}: answer of {n} bytes exceeds {self.max_body}",
             )
-        pl = ctx.reply_payload
+        pl = call.reply_payload
         if pl is not None:
-            self._check_reply_payload(method, pl)
-            self._send(REPLY, method.id, rid, body, pl)
+            self._check_reply_payload(call.method, pl)
+            self._send(REPLY, call.method.id, rid, body, pl)
             return
         t = self._transport
         if t is not None and not self._closed:
             self.write_one(
-                t, PACK_HEADER(REPLY, HAS_MESSAGE, 0, method.id, rid, 0, len(body), 0) + body
+                t, PACK_HEADER(REPLY, HAS_MESSAGE, 0, call.method.id, rid, 0, n, 0) + body
             )
 
     def expire_deadlines(self, now: float) -> float:
         """Cancel every call past its deadline (its handler answers TIMEOUT)."""
         nxt = math.inf
         for call in list(self._calls.values()):
-            d = call.deadline
+            d = call._deadline
             if d is None or call.timed_out:
                 continue
             if d <= now:
                 if call.task is not None:
                     call.timed_out = True
-                    call.task.cancel()
+                    call.stop()
             elif d < nxt:
                 nxt = d
         return nxt
 
-    async def _run_unary(self, rid: int, call: _Call, coro: Any, ctx: NativeContext) -> None:
+    @staticmethod
+    def _begin(call: _Call) -> None:
+        """First thing a call's task does: apply a :meth:`_Call.stop` that came earlier."""
+        call.started = True
+        if call.stop_requested and call.task is not None:
+            call.task.cancel()  # delivered at the handler's next suspension
+
+    async def _run_unary(self, rid: int, call: _Call, coro: Any) -> None:
+        self._begin(call)
         method = call.method
         try:
             resp = await coro
             if self._write_paused:
                 await self._writable()
-            self._reply(rid, method, resp, ctx)
+            self._reply(rid, call, resp)
         except asyncio.CancelledError:
             self._send_cancelled(rid, call)
         except Exception as exc:
@@ -648,6 +724,7 @@ class ServerConnection(FrameReceiver):
             )
 
     async def _run_stream(self, rid: int, call: _Call, agen: Any) -> None:
+        self._begin(call)
         method = call.method
         try:
             async for item in agen:
@@ -833,7 +910,8 @@ class NativeServer:
     def __init__(self, limits: Limits | None = None, auth: Any = None) -> None:
         self.limits = limits or Limits()
         self.auth = auth  # fs3.rpc.auth.Authenticator; None: calls are not authenticated
-        self.handlers: dict[int, tuple[Method, Callable[..., Any]]] = {}
+        # method id -> (method, handler, unary: neither side streams)
+        self.handlers: dict[int, tuple[Method, Callable[..., Any], bool]] = {}
         self.grpc_relay_path = ""
         self._servers: list[asyncio.AbstractServer] = []
         self._connections: set[ServerConnection] = set()
@@ -844,7 +922,8 @@ class NativeServer:
             handler = getattr(servicer, m.name, None)
             # the generated base class's placeholders are plain functions: not served
             if inspect.iscoroutinefunction(handler) or inspect.isasyncgenfunction(handler):
-                self.handlers[m.id] = (m, handler)
+                unary = not m.client_streaming and not m.server_streaming
+                self.handlers[m.id] = (m, handler, unary)
 
     def _factory(self) -> ServerConnection:
         return ServerConnection(self)

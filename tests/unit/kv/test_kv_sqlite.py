@@ -203,21 +203,16 @@ class _HeldCommits:
 
     def __init__(self, db: SqliteDatabase) -> None:
         self.db = db
-        with db._commit_cv:
-            assert not db._leading
-            db._leading = True
+        assert db._group.try_exclusive(), "the engine was busy committing"
 
     def wait_queued(self, n: int, timeout_s: float = 10.0) -> None:
         deadline = time.monotonic() + timeout_s
-        with self.db._commit_cv:
-            while len(self.db._queue) < n:
-                assert time.monotonic() < deadline, f"only {len(self.db._queue)} of {n} queued"
-                self.db._commit_cv.wait(0.01)
+        while (q := self.db._group.queued) < n:
+            assert time.monotonic() < deadline, f"only {q} of {n} queued"
+            time.sleep(0.01)
 
     def release(self) -> None:
-        with self.db._commit_cv:
-            self.db._leading = False
-            self.db._commit_cv.notify_all()
+        self.db._group.end_exclusive()
 
 
 def _commit_in_thread(tr, results: dict, name: str) -> threading.Thread:

@@ -7,11 +7,12 @@ import threading
 
 import pytest
 
-from fs3.errors import FsError
+from fs3.errors import Code, FsError
 from fs3.kv import open_database
 from fs3.meta.alloc import InodeAllocator
 from fs3.meta.layout import (
     ChainAllocator,
+    NoChainTable,
     NoChainTables,
     StaticChainTables,
     merge_layout,
@@ -66,11 +67,22 @@ def test_round_robin_placement() -> None:
     assert wide.stripe == 5 and sorted(wide.chain_ids) == [10, 20, 30, 40, 50]
 
 
-def test_placement_without_table() -> None:
-    p = ChainAllocator(NoChainTables()).place(
-        meta_pb2.Layout(chunk_size=1 << 20, stripe=4, table_id=1)
-    )
-    assert not p.chain_ids and p.stripe == 4
+def test_placement_never_returns_a_layout_without_chains() -> None:
+    d = meta_pb2.Layout(chunk_size=1 << 20, stripe=4, table_id=1)
+    with pytest.raises(NoChainTable) as ei:  # no routing at all: a permanent error
+        ChainAllocator(NoChainTables()).place(d)
+    err = ei.value.error()
+    assert err.code == Code.UNKNOWN_CHAIN_TABLE and not err.retryable
+    src = StaticChainTables({2: [7]})
+    alloc = ChainAllocator(src)
+    for tables in ({2: [7]}, {1: [], 2: [7]}):  # table 1 not in routing yet, or empty
+        src.tables = tables
+        with pytest.raises(NoChainTable) as ei:
+            alloc.place(d)
+        err = ei.value.error()
+        assert err.code == Code.UNKNOWN_CHAIN_TABLE and err.retryable and "table 1" in err.message
+    src.tables = {1: [3, 4]}
+    assert sorted(alloc.place(d).chain_ids) == [3, 4]
 
 
 def test_validate_and_merge() -> None:

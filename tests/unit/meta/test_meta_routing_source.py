@@ -6,8 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from fs3.errors import Code
+from fs3.meta.layout import ChainAllocator, NoChainTable
 from fs3.meta.server import RoutingChainTables
-from fs3.proto import mgmtd_pb2
+from fs3.proto import meta_pb2, mgmtd_pb2
 from fs3.routing import Routing
 
 pytestmark = pytest.mark.timeout(10)
@@ -52,3 +54,18 @@ def test_latest_table_and_space() -> None:
 def test_empty_routing() -> None:
     src = RoutingChainTables(SimpleNamespace(current=Routing.empty()))
     assert src.latest_table(1) is None and src.space() is None
+
+
+def test_a_meta_server_whose_routing_lags_refuses_creates_retryably() -> None:
+    """Just after a restart a meta server's routing watcher may not have the chain table yet
+    (a create there used to get a layout without chains: "inode has no chains in its
+    layout" at the first write); the create fails retryably and works once routing has it."""
+    watcher = SimpleNamespace(current=Routing.empty())
+    alloc = ChainAllocator(RoutingChainTables(watcher))
+    d = meta_pb2.Layout(chunk_size=1 << 20, stripe=2, table_id=1)
+    with pytest.raises(NoChainTable) as ei:
+        alloc.place(d)
+    err = ei.value.error()
+    assert err.code == Code.UNKNOWN_CHAIN_TABLE and err.retryable
+    watcher.current = routing()
+    assert sorted(alloc.place(d).chain_ids) == [1, 2]

@@ -57,3 +57,57 @@ def test_read_once_only_for_point_reads() -> None:
         op.read_once("unlink", meta_pb2.RemoveRequest(user=ROOT, parent=1, name=b"x"))
     r = op.read_once("lookup", meta_pb2.LookupRequest(user=ROOT, parent=1, name=b"."))
     assert r.attr.inode == 1
+
+
+def test_lookup_reads_no_parent_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lookup reads the parent's record, the entry and the child: not the parent's times key."""
+    from fs3.kv.database import Transaction
+    from fs3.meta import schema as S
+
+    op = _op()
+    d = op.mkdir(meta_pb2.MkdirRequest(user=ROOT, request_id="d", parent=1, name=b"d", mode=0o755))
+    sub = op.mkdir(
+        meta_pb2.MkdirRequest(user=ROOT, request_id="s", parent=d.attr.inode, name=b"s", mode=0o755)
+    )
+    keys: list[bytes] = []
+    real = Transaction.get
+
+    def spy(self: Transaction, key: bytes, *, snapshot: bool = False) -> bytes | None:
+        keys.append(key)
+        return real(self, key, snapshot=snapshot)
+
+    monkeypatch.setattr(Transaction, "get", spy)
+    r = op.read_once("lookup", meta_pb2.LookupRequest(user=ROOT, parent=d.attr.inode, name=b"s"))
+    assert r.attr.inode == sub.attr.inode
+    assert S.dir_times_key(d.attr.inode) not in keys
+    assert len(keys) == 4  # parent record, entry, child record, child's times (a directory)
+    # the child directory's times are still read and returned
+    assert r.attr.mtime == sub.attr.mtime and r.attr.ctime == sub.attr.ctime
+    # "." returns the directory itself: with its times
+    dot = op.read_once(
+        "lookup", meta_pb2.LookupRequest(user=ROOT, parent=sub.attr.inode, name=b".")
+    )
+    assert dot.attr.mtime == sub.attr.mtime and dot.attr.ctime == sub.attr.ctime
+
+
+def test_lookup_path_directories_keep_their_times() -> None:
+    """In one LookupPath, a directory loaded as a parent is returned with mtime/ctime."""
+    op = _op()
+    a = op.mkdir(meta_pb2.MkdirRequest(user=ROOT, request_id="a", parent=1, name=b"a", mode=0o755))
+    b = op.mkdir(
+        meta_pb2.MkdirRequest(user=ROOT, request_id="b", parent=a.attr.inode, name=b"b", mode=0o755)
+    )
+    f = op.mknod(
+        meta_pb2.MknodRequest(
+            user=ROOT, request_id="f", parent=b.attr.inode, name=b"f", mode=0o010644
+        )
+    )
+    a_now = op.getattr(meta_pb2.GetAttrRequest(user=ROOT, inode=a.attr.inode)).attr
+    b_now = op.getattr(meta_pb2.GetAttrRequest(user=ROOT, inode=b.attr.inode)).attr
+    r = op.read_once(
+        "lookup_path", meta_pb2.LookupPathRequest(user=ROOT, parent=1, names=[b"a", b"b", b"f"])
+    )
+    assert [x.inode for x in r.attrs] == [a.attr.inode, b.attr.inode, f.attr.inode]
+    assert r.attrs[0].mtime == a_now.mtime and r.attrs[0].ctime == a_now.ctime
+    assert r.attrs[1].mtime == b_now.mtime and r.attrs[1].ctime == b_now.ctime
+    assert b_now.mtime.sec or b_now.mtime.nsec  # the times exist (not left out)

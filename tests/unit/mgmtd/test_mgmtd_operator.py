@@ -4,6 +4,8 @@ timeouts, chain state changes, chain tables, persistence, watch."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -419,6 +421,56 @@ def test_watch_ends_with_not_leader_when_leadership_is_lost(clock: FakeClock) ->
         assert ei.value.code == Code.NOT_LEADER
 
     run(main)
+
+
+@pytest.mark.timeout(60)
+def test_cancelled_watchers_end_cleanly(clock: FakeClock, caplog: pytest.LogCaptureFixture) -> None:
+    """Watch streams cancelled at any moment (streams closed at shutdown) end with
+    CancelledError and log nothing at ERROR, also when the cancel lands while a watcher's
+    recheck timeout fires as many watchers wake at once; a watcher started afterwards is
+    still woken by the next version (nothing was left holding the watchers' wake-up)."""
+
+    async def main() -> None:
+        m = await leader(MemoryDatabase(), clock)
+        rng = random.Random(17)
+
+        async def watch(known: int) -> None:
+            async for _ in m.op.watch_routing(known, recheck_s=0.002):
+                pass
+
+        node = 0
+        for _ in range(150):
+            known = m.op.routing().version
+            tasks = [asyncio.create_task(watch(known)) for _ in range(20)]
+            for _ in range(10):
+                await asyncio.sleep(rng.random() * 0.003)
+                node += 1
+                await m.op.register_node(storage_register(1 + node % 50))  # wakes them all
+                for t in tasks:
+                    if rng.random() < 0.1:
+                        t.cancel()
+            for t in tasks:
+                t.cancel()
+            ends = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
+            wrong = [e for e in ends if not isinstance(e, asyncio.CancelledError)]
+            assert not wrong, f"cancelled watchers ended with {wrong}"
+        woke = asyncio.Event()
+
+        async def wake(known: int) -> None:
+            async for _ in m.op.watch_routing(known, recheck_s=30.0):
+                woke.set()
+                return
+
+        task = asyncio.create_task(wake(m.op.routing().version))
+        await asyncio.sleep(0)
+        await m.op.register_node(storage_register(99))
+        await asyncio.wait_for(woke.wait(), 5)
+        await task
+
+    with caplog.at_level(logging.ERROR):
+        run(main)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
 
 
 @pytest.mark.timeout(20)

@@ -34,10 +34,9 @@ from fs3.rpc.native import wire
 from fs3.rpc.server import add_servicer, bind, create_server
 from fs3.security import keys, tls
 from fs3.security.tokens import Claims, Signer
+from fs3.testing.rpc import TRANSPORTS, code_of, pooled
 
 pytestmark = pytest.mark.timeout(60)
-
-TRANSPORTS = ["native-uds", "native-tcp", "grpc"]
 
 
 class Meta(meta_pb2_grpc.MetaServiceServicer):
@@ -68,6 +67,7 @@ class Users:
     def __init__(self) -> None:
         self.records: dict[str, mgmtd_pb2.UserRecord] = {}
         self.lookups = 0
+        self.down = False  # the records cannot be reached (mgmtd failing over)
 
     def add(self, signer: Signer, name: str, uid: int, gid: int, admin: bool = False) -> str:
         rec = mgmtd_pb2.UserRecord(
@@ -87,6 +87,8 @@ class Users:
         )
 
     async def lookup(self, name: str) -> Any:
+        if self.down:
+            raise FsError(Code.UNAVAILABLE, "mgmtd is failing over", retryable=True)
         self.lookups += 1
         return self.records.get(name)
 
@@ -140,23 +142,10 @@ def _restore() -> Iterator[None]:
     auth.set_default(None)
 
 
-def _pool(transport: str, cred: auth.Credential) -> ChannelPool:
-    settings.configure(RpcSection(unix_sockets=transport != "native-tcp"))
-    return ChannelPool("grpc" if transport == "grpc" else "native", cred)
-
-
 async def _statfs(pool: ChannelPool, address: str, uid: int, gid: int = 100) -> Any:
     stub = meta_pb2_grpc.MetaServiceStub(pool.get(address))
     req = meta_pb2.StatFsRequest(user=common_pb2.UserInfo(uid=uid, gid=gid, groups=[gid]))
     return await call(stub.StatFs, req, timeout=5)
-
-
-async def _code(coro: Any) -> Code | str:
-    try:
-        await coro
-    except FsError as e:
-        return e.code
-    return "ok"
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -167,20 +156,17 @@ def test_unauthenticated_calls_are_refused_and_probes_stay_open(
 
     async def main() -> None:
         async with Node(env) as node:
-            pool = _pool(transport, env.cred())
-            try:
+            async with pooled(transport, env.cred()) as pool:
                 with pytest.raises(FsError) as e:
                     await _statfs(pool, node.address, 0)
                 assert e.value.code == Code.UNAUTHENTICATED
                 assert "no credential" in e.value.message
                 stub = mgmtd_pb2_grpc.MgmtdServiceStub(pool.get(node.address))
-                assert await _code(call(stub.Heartbeat, mgmtd_pb2.HeartbeatRequest())) == (
+                assert await code_of(call(stub.Heartbeat, mgmtd_pb2.HeartbeatRequest())) == (
                     Code.UNAUTHENTICATED
                 )
                 r = await call(stub.GetLeader, mgmtd_pb2.GetLeaderRequest(), timeout=5)
                 assert r.node_id == 7  # the health probe answers without a credential
-            finally:
-                await pool.close()
 
     run(main())
 
@@ -195,13 +181,10 @@ def test_forged_and_foreign_tokens_are_refused(tmp_path: Path, transport: str) -
     async def main() -> None:
         async with Node(env) as node:
             for tok in (foreign, forged, "not-a-token"):
-                pool = _pool(transport, env.cred(tok))
-                try:
+                async with pooled(transport, env.cred(tok)) as pool:
                     with pytest.raises(FsError) as e:
                         await _statfs(pool, node.address, 1000)
                     assert e.value.code == Code.UNAUTHENTICATED, tok
-                finally:
-                    await pool.close()
 
     run(main())
 
@@ -212,8 +195,7 @@ def test_user_token_acts_only_as_its_own_identity(tmp_path: Path, transport: str
 
     async def main() -> None:
         async with Node(env) as node:
-            pool = _pool(transport, env.cred(env.alice))
-            try:
+            async with pooled(transport, env.cred(env.alice)) as pool:
                 assert (await _statfs(pool, node.address, 1000)).block_size == 1001
                 for uid, gid in ((0, 0), (0, 100), (1001, 100), (1000, 0)):
                     with pytest.raises(FsError) as e:
@@ -222,17 +204,12 @@ def test_user_token_acts_only_as_its_own_identity(tmp_path: Path, transport: str
                     assert "may not act as" in e.value.message
                 # a request without a user at all claims uid 0: refused too
                 stub = meta_pb2_grpc.MetaServiceStub(pool.get(node.address))
-                assert await _code(call(stub.StatFs, meta_pb2.StatFsRequest())) == (
+                assert await code_of(call(stub.StatFs, meta_pb2.StatFsRequest())) == (
                     Code.PERMISSION_DENIED
                 )
-            finally:
-                await pool.close()
             # a service credential passes its callers' identities on
-            svc = _pool(transport, env.cred(env.service))
-            try:
+            async with pooled(transport, env.cred(env.service)) as svc:
                 assert (await _statfs(svc, node.address, 0)).block_size == 1
-            finally:
-                await svc.close()
 
     run(main())
 
@@ -248,19 +225,16 @@ def test_levels_admin_and_service_methods(tmp_path: Path, transport: str) -> Non
                 (env.root_admin, "ok", Code.PERMISSION_DENIED),
                 (env.service, "ok", "ok"),
             ):
-                pool = _pool(transport, env.cred(tok))
                 uid = 1000 if tok == env.alice else 1001
-                try:
+                async with pooled(transport, env.cred(tok)) as pool:
                     meta = meta_pb2_grpc.MetaServiceStub(pool.get(node.address))
                     req = meta_pb2.PruneSessionsRequest(
                         user=common_pb2.UserInfo(uid=uid, gid=100, groups=[100])
                     )
-                    assert await _code(call(meta.PruneSessions, req)) == prune
+                    assert await code_of(call(meta.PruneSessions, req)) == prune
                     mg = mgmtd_pb2_grpc.MgmtdServiceStub(pool.get(node.address))
                     hb = mgmtd_pb2.HeartbeatRequest()
-                    assert await _code(call(mg.Heartbeat, hb)) == heartbeat
-                finally:
-                    await pool.close()
+                    assert await code_of(call(mg.Heartbeat, hb)) == heartbeat
 
     run(main())
 
@@ -274,27 +248,21 @@ def test_removed_user_is_refused_on_new_and_open_connections(
 
     async def main() -> None:
         async with Node(env) as node:
-            pool = _pool(transport, env.cred(env.alice))
-            try:
+            async with pooled(transport, env.cred(env.alice)) as pool:
                 await _statfs(pool, node.address, 1000)
                 del env.users.records["alice"]
                 deadline = time.monotonic() + 10
                 while True:  # the open connection: refused once its principal is rechecked
-                    code = await _code(_statfs(pool, node.address, 1000))
+                    code = await code_of(_statfs(pool, node.address, 1000))
                     if code == Code.UNAUTHENTICATED or time.monotonic() > deadline:
                         break
                     await asyncio.sleep(0.05)
                 assert code == Code.UNAUTHENTICATED
-            finally:
-                await pool.close()
-            fresh = _pool(transport, env.cred(env.alice))
-            try:
+            async with pooled(transport, env.cred(env.alice)) as fresh:
                 with pytest.raises(FsError) as e:
                     await _statfs(fresh, node.address, 1000)
                 assert e.value.code == Code.UNAUTHENTICATED
                 assert "removed" in e.value.message
-            finally:
-                await fresh.close()
 
     run(main())
 
@@ -305,13 +273,10 @@ def test_a_rotated_token_is_refused(tmp_path: Path) -> None:
     async def main() -> None:
         async with Node(env) as node:
             env.users.records["alice"].token_id = "rotated"
-            pool = _pool("native-uds", env.cred(env.alice))
-            try:
+            async with pooled("native-uds", env.cred(env.alice)) as pool:
                 with pytest.raises(FsError) as e:
                     await _statfs(pool, node.address, 1000)
                 assert e.value.code == Code.UNAUTHENTICATED and "replaced" in e.value.message
-            finally:
-                await pool.close()
 
     run(main())
 
@@ -322,12 +287,9 @@ def test_native_checks_once_per_connection(tmp_path: Path) -> None:
 
     async def main() -> None:
         async with Node(env) as node:
-            pool = _pool("native-uds", env.cred(env.alice))
-            try:
+            async with pooled("native-uds", env.cred(env.alice)) as pool:
                 await asyncio.gather(*(_statfs(pool, node.address, 1000) for _ in range(200)))
                 assert env.users.lookups == 1
-            finally:
-                await pool.close()
 
     run(main())
 
@@ -339,8 +301,7 @@ def test_request_streams_are_authenticated(tmp_path: Path, transport: str) -> No
     async def main() -> None:
         async with Node(env) as node:
             for tok, ok in (("", False), (env.alice, True)):
-                pool = _pool(transport, env.cred(tok))
-                try:
+                async with pooled(transport, env.cred(tok)) as pool:
                     stub = storage_pb2_grpc.StorageServiceStub(pool.get(node.address))
                     s = BidiStream(stub.ReadStream)
                     try:
@@ -359,8 +320,6 @@ def test_request_streams_are_authenticated(tmp_path: Path, transport: str) -> No
                         assert isinstance(got, storage_pb2.BatchReadResponse)
                     else:
                         assert isinstance(got, FsError) and got.code == Code.UNAUTHENTICATED
-                finally:
-                    await pool.close()
 
     run(main())
 
@@ -402,18 +361,12 @@ def test_tls_server_serves_tls_clients_and_refuses_plaintext(
 
     async def main() -> None:
         async with Node(env) as node:
-            pool = _pool(transport, env.cred(env.alice))
-            try:
+            async with pooled(transport, env.cred(env.alice)) as pool:
                 assert (await _statfs(pool, node.address, 1000)).block_size == 1001
-            finally:
-                await pool.close()
-            plain = _pool(transport, auth.Credential(token=env.alice))
-            try:
+            async with pooled(transport, auth.Credential(token=env.alice)) as plain:
                 with pytest.raises(FsError) as e:
                     await _statfs(plain, node.address, 1000)
                 assert e.value.code in (Code.UNAVAILABLE, Code.TIMEOUT)
-            finally:
-                await plain.close()
 
     run(main())
 
@@ -437,31 +390,21 @@ def test_unreachable_user_records_neither_admit_nor_stick(
     """
     env = Env(tmp_path, use_tls=False)
     monkeypatch.setattr(auth, "RECHECK_S", 0.1)
-    down = {"on": True}
-    real = env.users.lookup
-
-    async def flaky(name: str) -> Any:
-        if down["on"]:
-            raise FsError(Code.UNAVAILABLE, "mgmtd is failing over", retryable=True)
-        return await real(name)
+    env.users.down = True
 
     async def main() -> None:
         async with Node(env) as node:
             assert node.server.auth is not None
-            node.server.auth.lookup = flaky
-            pool = _pool("native-uds", env.cred(env.alice))
-            try:
+            async with pooled("native-uds", env.cred(env.alice)) as pool:
                 with pytest.raises(FsError) as e:
                     await _statfs(pool, node.address, 1000)
                 assert e.value.code == Code.UNAVAILABLE and e.value.retryable
-                down["on"] = False
+                env.users.down = False
                 await pool.drop(node.address)
                 assert (await _statfs(pool, node.address, 1000)).block_size == 1001
-                down["on"] = True
+                env.users.down = True
                 await asyncio.sleep(0.3)  # past the recheck interval
                 assert (await _statfs(pool, node.address, 1000)).block_size == 1001
-            finally:
-                await pool.close()
 
     run(main())
 
@@ -470,33 +413,20 @@ def test_grpc_user_token_is_never_admitted_unconfirmed_and_revocation_is_cached(
     tmp_path: Path,
 ) -> None:
     env = Env(tmp_path, use_tls=False)
-    down = {"on": True}
-    real = env.users.lookup
-
-    async def flaky(name: str) -> Any:
-        if down["on"]:
-            raise FsError(Code.UNAVAILABLE, "mgmtd is failing over", retryable=True)
-        return await real(name)
+    env.users.down = True
 
     async def main() -> None:
         async with Node(env) as node:
             assert node.server.auth is not None
-            node.server.auth.lookup = flaky
-            pool = _pool("grpc", env.cred(env.alice))
-            try:
-                assert await _code(_statfs(pool, node.address, 1000)) == Code.UNAVAILABLE
-                down["on"] = False
-                assert await _code(_statfs(pool, node.address, 1000)) == "ok"
-            finally:
-                await pool.close()
+            async with pooled("grpc", env.cred(env.alice)) as pool:
+                assert await code_of(_statfs(pool, node.address, 1000)) == Code.UNAVAILABLE
+                env.users.down = False
+                assert await code_of(_statfs(pool, node.address, 1000)) == "ok"
             del env.users.records["ops"]
-            pool = _pool("grpc", env.cred(env.root_admin))
-            try:
+            async with pooled("grpc", env.cred(env.root_admin)) as pool:
                 before = env.users.lookups
                 for _ in range(5):
-                    assert await _code(_statfs(pool, node.address, 1001)) == Code.UNAUTHENTICATED
+                    assert await code_of(_statfs(pool, node.address, 1001)) == Code.UNAUTHENTICATED
                 assert env.users.lookups == before + 1  # the refusal is remembered
-            finally:
-                await pool.close()
 
     run(main())

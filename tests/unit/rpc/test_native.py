@@ -38,6 +38,7 @@ class Mgmtd(mgmtd_pb2_grpc.MgmtdServiceServicer):
         self.cancelled = asyncio.Event()
         self.started = asyncio.Event()
         self.release = asyncio.Event()
+        self.routing_nodes = 2000  # the size of GetRoutingInfo's answer (~106 bytes a node)
 
     async def GetLeader(self, request: Any, context: Any) -> Any:
         return mgmtd_pb2.GetLeaderResponse(node_id=7, address="a:1", is_leader=True)
@@ -64,7 +65,7 @@ class Mgmtd(mgmtd_pb2_grpc.MgmtdServiceServicer):
         # a big answer (for the peer-that-stops-reading case)
         r = mgmtd_pb2.GetRoutingInfoResponse()
         r.routing.version = request.known_version
-        for i in range(2000):
+        for i in range(self.routing_nodes):
             n = r.routing.nodes.add()
             n.node_id = i
             n.address = "x" * 100

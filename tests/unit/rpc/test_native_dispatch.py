@@ -35,6 +35,9 @@ class Handlers(mgmtd_pb2_grpc.MgmtdServiceServicer):
     def __init__(self) -> None:
         self.cancelled = asyncio.Event()
         self.waiting = 0
+        self.lock = asyncio.Lock()  # node_id 11 and 12: a resource a handler holds across a wait
+        self.holding = asyncio.Event()
+        self.released = asyncio.Event()
 
     async def Heartbeat(self, request: Any, context: Any) -> Any:
         n = request.node_id
@@ -90,6 +93,17 @@ class Handlers(mgmtd_pb2_grpc.MgmtdServiceServicer):
                 await asyncio.sleep(3600)
             finally:
                 self.waiting -= 1
+        if n == 11:  # takes the lock in its first step, then waits for a long time
+            async with self.lock:
+                self.holding.set()
+                try:
+                    await asyncio.sleep(3600)
+                finally:
+                    self.released.set()
+        if n == 12:  # needs that lock
+            async with asyncio.timeout(5):
+                async with self.lock:
+                    return mgmtd_pb2.HeartbeatResponse(last_hb_version=12)
         if n == 9:  # fails after a suspension
             await asyncio.sleep(0)
             raise FsError(Code.INVALID_ARGUMENT, "bad later")
@@ -169,6 +183,53 @@ def test_an_earlier_deadline_behind_a_later_one_is_kept(transport: str) -> None:
             assert not long.done()
             long.cancel()
         finally:
+            await pool.close()
+            await server.stop(0)
+
+    run(main())
+
+
+def test_a_cancel_read_with_its_call_still_ends_the_handler() -> None:
+    """A CALL and its CANCEL in one read (a slow link delivers a request after the
+    caller gave up on it): the handler's first step runs inline and suspends holding
+    a lock, and the CANCEL comes before the task that continues it has started.
+    Cancelling that task outright would never run it: the handler would stay
+    suspended with the lock forever and the call would never end (seen as chunk
+    updates that wait for a lock nobody releases). The handler must be cancelled
+    where it waits, release the lock, and the call must end."""
+    from fs3.rpc.native import wire
+    from fs3.rpc.native.methods import BY_PATH
+
+    mid = BY_PATH["/fs3.v1.MgmtdService/Heartbeat"].id
+
+    async def main() -> None:
+        handlers = Handlers()
+        server = create_server(RpcSection())
+        add_servicer(server, mgmtd_pb2_grpc.add_MgmtdServiceServicer_to_server, handlers)
+        port = bind(server, "127.0.0.1", 0)
+        await server.start()
+        pool = _pool("native")
+        stub = mgmtd_pb2_grpc.MgmtdServiceStub(pool.get(f"127.0.0.1:{port}"))
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            body = mgmtd_pb2.HeartbeatRequest(node_id=11).SerializeToString()
+            writer.write(
+                wire.PREFACE
+                + wire.pack(wire.CALL, wire.HAS_MESSAGE, mid, 1, 60_000, body)
+                + wire.pack(wire.CANCEL, 0, mid, 1, 0, b"")
+            )
+            await writer.drain()
+            async with asyncio.timeout(10):
+                await handlers.holding.wait()
+                await handlers.released.wait()
+            r = await call(stub.Heartbeat, mgmtd_pb2.HeartbeatRequest(node_id=12), timeout=10)
+            assert r.last_hb_version == 12
+            # the cancelled call ended: nothing of it is counted against the connection
+            conns = server.native._connections
+            assert conns and all(not c._calls for c in conns), "a call never ended"
+            assert all(c._inflight_bytes == 0 for c in conns)
+        finally:
+            writer.close()
             await pool.close()
             await server.stop(0)
 

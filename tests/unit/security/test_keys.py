@@ -55,3 +55,31 @@ def test_keys_differ_by_purpose_and_by_secret() -> None:
     assert ka != keys.derive_key(a, keys.PURPOSE_CAPABILITY)
     assert ka != keys.derive_key(b, keys.PURPOSE_RPC_AUTH)
     assert len(ka) == keys.KEY_BYTES
+
+
+def test_find_secret_configured_file_then_beside_the_cluster_file(tmp_path: Path) -> None:
+    """The one lookup of the cluster secret (RPC auth, capability keys, client tokens)."""
+    d = tmp_path / "cluster"
+    d.mkdir()
+    cf = str(d / "fs3.cluster")
+    assert keys.find_secret(None, None) is None
+    assert keys.find_secret("", cf) is None  # a cluster started without a secret
+    beside = keys.create_secret(d / keys.SECRET_FILE_NAME)
+    assert keys.find_secret("", cf) == beside
+    assert keys.find_secret(cluster_file=os.path.relpath(cf)) == beside  # relative names too
+    other = keys.create_secret(tmp_path / "configured")
+    assert keys.find_secret(str(tmp_path / "configured"), cf) == other  # configured wins
+    with pytest.raises(FsError) as err:  # a configured secret must exist: no silent "off"
+        keys.find_secret(str(tmp_path / "typo"), cf)
+    assert err.value.code == Code.UNAUTHENTICATED
+    os.chmod(d / keys.SECRET_FILE_NAME, 0o644)
+    with pytest.raises(FsError) as err:  # one beside the cluster file must be usable too
+        keys.find_secret("", cf)
+    assert err.value.code == Code.PERMISSION_DENIED
+
+
+def test_find_secret_refuses_a_directory(tmp_path: Path) -> None:
+    (tmp_path / keys.SECRET_FILE_NAME).mkdir(mode=0o700)
+    with pytest.raises(FsError) as err:
+        keys.find_secret(cluster_file=str(tmp_path / "fs3.cluster"))
+    assert err.value.code == Code.INVALID_ARGUMENT

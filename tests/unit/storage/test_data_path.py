@@ -34,9 +34,13 @@ def test_read_into_matches_read_and_verifies(tmp_path: Path) -> None:
             meta, m = got
             want = data[off : off + n]
             assert m == len(want) and bytes(dest[:m]) == want and meta.commit_ver == 1
-        # not block aligned: the caller must use read()
-        assert e.read_into(k, 100, 4096, dest) is None
-        assert e.read_into(k, 0, BS + 1, dest) is None
+        # not block aligned: the covering blocks are verified, the range copied out
+        for off, n in [(100, 4096), (0, BS + 1), (BS - 10, 20), (CS - 1500, 1000), (5, CS)]:
+            got = e.read_into(k, off, n, dest)
+            assert got is not None
+            want = data[off : off + n]
+            assert got[1] == len(want) and bytes(dest[: got[1]]) == want
+            assert e.read(k, off, n)[1] == want
         # past the end: nothing
         assert e.read_into(k, CS, 10, dest) == (e.get(k), 0)
         with pytest.raises(FsError) as ei:
@@ -59,6 +63,16 @@ def test_read_into_matches_read_and_verifies(tmp_path: Path) -> None:
         assert ei.value.code == Code.CHECKSUM_MISMATCH
         got = e.read_into(k, 4 * BS, BS, dest)
         assert got is not None and bytes(dest[:BS]) == data[4 * BS : 5 * BS]
+        # an unaligned range inside the bad block fails too (its whole block is verified)
+        for read in (
+            lambda: e.read_into(k, 3 * BS + 4096, 4096, dest),
+            lambda: e.read(k, 3 * BS + 4096, 4096),
+        ):
+            with pytest.raises(FsError) as ei:
+                read()
+            assert ei.value.code == Code.CHECKSUM_MISMATCH
+        got = e.read_into(k, 4 * BS + 100, 4096, dest)
+        assert got is not None and bytes(dest[:4096]) == data[4 * BS + 100 : 4 * BS + 4196]
     finally:
         e.close()
 

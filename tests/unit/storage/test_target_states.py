@@ -104,3 +104,41 @@ def test_disk_error_takes_target_offline(tmap: TargetMap) -> None:
     assert tmap.disk_error(t, "EIO")
     assert not t.serving and t.local_state == L_OFFLINE and t.error_count == 1
     assert not tmap.disk_error(t, "EIO again")  # already down: no new state change
+
+
+@pytest.mark.parametrize(
+    ("error", "offline"),
+    [
+        (FsError(Code.INTERNAL, "fdatasync: EIO", errno=5), True),
+        (FsError(Code.CHUNK_BUSY, "chunk 1:0: replaced by a newer stage"), False),
+        (FsError(Code.NO_SPACE, "metadata row"), False),
+    ],
+)
+def test_only_a_disk_failure_of_a_staged_update_sync_takes_the_target_offline(
+    tmap: TargetMap, error: FsError, offline: bool
+) -> None:
+    """A sync (prepare) that failed because a newer stage of the chunk replaced the
+    update (the retry of a cancelled update, its first stage still running in the
+    I/O pool) says nothing about the disk: the update fails, the target serves on.
+    Before, that took the target offline until restart (seen under a slow link)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fs3.config import StorageSection
+    from fs3.storage.craq import Replicator
+
+    tmap.apply_routing(routing(1, 0, {}))
+    tmap.apply_routing(routing(2, 1, {101: SERVING}))
+    t = tmap.targets[101]
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            rep = Replicator(tmap, StorageSection(), None, None, pool, lambda: None)  # type: ignore[arg-type]
+            sync: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            sync.set_exception(error)
+            with pytest.raises(FsError) as ei:
+                await rep._wait_sync(t, sync)
+            assert ei.value is error
+
+    asyncio.run(main())
+    assert t.serving is not offline

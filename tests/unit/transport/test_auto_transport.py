@@ -11,7 +11,7 @@ import pytest
 from fs3.errors import Code, FsError
 from fs3.transport import ShmRegion, client_transport, is_inline, ref_kind
 from fs3.transport.auto import AutoClientTransport
-from fs3.transport.shm import ShmClientTransport
+from fs3.transport.shm import ShmClientTransport, _NodeState
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -185,5 +185,51 @@ def test_a_restarted_node_that_forgot_our_regions_is_retried_after_registering_a
             assert not t.one_sided(LOCAL, buf)  # registering again, a frame meanwhile
             await asyncio.gather(*list(t._bg))
             assert t.one_sided(LOCAL, buf)
+
+    asyncio.run(main())
+
+
+def test_read_ref_ready_only_once_the_node_mapped_the_region(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The per-I/O fast path: a ref without an await, only for a region the node has."""
+
+    async def main() -> None:
+        t = AutoClientTransport("c3", is_local=lambda addr: addr == LOCAL)
+        region = ShmRegion.create(1 << 20, prefix="fs3-test-auto")
+        sent: list[str] = []
+
+        async def registered(self: ShmClientTransport, node: str, reg: ShmRegion) -> None:
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_result(None)
+            self._nodes.setdefault(node, _NodeState()).registered[reg.id] = fut
+            sent.append(node)
+
+        monkeypatch.setattr(ShmClientTransport, "_ensure_registered", registered)
+        plain = memoryview(bytearray(4096))
+        try:
+            inside = region.buf[8192 : 8192 + 4096]
+            assert t.read_ref_ready(LOCAL, inside) is None  # not registered with us
+            await t.register_region(region)
+            assert t.read_ref_ready(LOCAL, inside) is None  # not yet mapped by the node
+            ref, _ = await t.read_ref(LOCAL, "", inside)  # the first I/O registers it
+            assert sent == [LOCAL] and ref_kind(ref) == "shm"
+            ready = t.read_ref_ready(LOCAL, inside)
+            assert ready is not None and ready == ref
+            assert (ready.shm.region, ready.shm.offset, ready.shm.length) == (region.id, 8192, 4096)
+            assert t.read_ref_ready(REMOTE, inside) is None  # that node never mapped it
+            assert t.read_ref_ready(LOCAL, plain) is None  # outside every region
+            assert t.read_ref_ready(LOCAL, inside.toreadonly()) is None  # not a destination
+            t.forget_node(LOCAL)  # e.g. the node restarted: register again first
+            assert t.read_ref_ready(LOCAL, inside) is None
+            await t.read_ref(LOCAL, "", inside)
+            assert t.read_ref_ready(LOCAL, inside) is not None
+            await t.unregister_region(region)  # gone from the client: never named again
+            assert t.read_ref_ready(LOCAL, inside) is None
+            del inside
+        finally:
+            t._last = None
+            await t.close()
+            region.close()
 
     asyncio.run(main())

@@ -27,6 +27,12 @@ def test_buffer_address_of_views_and_readonly_buffers() -> None:
     assert buffer_address(b)[1] == len(b)
     with pytest.raises(TypeError):
         buffer_address(12345)
+    # writable buffers take the one-call path: same answers, lengths in bytes, no export kept
+    assert buffer_address(memoryview(ba)[8:24].cast("i")) == (base + 8, 16)
+    assert buffer_address(bytearray())[1] == 0
+    fresh = bytearray(10)
+    buffer_address(fresh)
+    fresh.extend(b"x")  # would raise BufferError if a view of it were still exported
 
 
 @pytest.mark.timeout(10)

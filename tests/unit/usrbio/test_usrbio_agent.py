@@ -36,7 +36,7 @@ from fs3.usrbio import (
     submit_ios,
     wait_for_ios,
 )
-from fs3.usrbio.agent import UsrbioAgent
+from fs3.usrbio.agent import STREAM_MIN_READ, UsrbioAgent
 
 
 class LocalFileBackend:
@@ -110,6 +110,42 @@ class BatchedBackend(LocalFileBackend):
         return out
 
 
+class StreamingBackend(BatchedBackend):
+    """``read_batch(ios, on_done)`` (as the FUSE mount's): reads reported as they finish.
+
+    Reads at ``hold_offset`` wait until ``release`` is set (from the test's thread),
+    so a test can see the other reads of the batch complete first.
+    """
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.hold_offset = -1
+        self.release = False
+
+    async def read_batch(
+        self,
+        ios: list[tuple[int, int, memoryview]],
+        on_done: Callable[[list[tuple[int, int | BaseException]]], None] | None = None,
+    ) -> list[int | BaseException]:
+        self.batches.append(len(ios))
+        out: list[int | BaseException] = [0] * len(ios)
+
+        async def one(k: int, inode: int, off: int, dest: memoryview) -> None:
+            while off == self.hold_offset and not self.release:  # noqa: ASYNC110 - set by another thread
+                await anyio.sleep(0.01)
+            try:
+                out[k] = await self.read(inode, off, dest)
+            except Exception as e:  # noqa: BLE001 - per-io outcome, as the protocol says
+                out[k] = e
+            if on_done is not None:
+                on_done([(k, out[k])])
+
+        async with anyio.create_task_group() as tg:
+            for k, (inode, off, dest) in enumerate(ios):
+                tg.start_soon(one, k, inode, off, dest)
+        return out
+
+
 class AgentEnv:
     def __init__(self, mount: str, backend: LocalFileBackend, agent: UsrbioAgent) -> None:
         self.mount = mount
@@ -121,12 +157,18 @@ def _my_shm_files() -> set[str]:
     return set(glob.glob(f"/dev/shm/fs3-io[rv]-{os.getpid()}-*"))
 
 
-@pytest.fixture(params=["trio", "asyncio", "trio-batched"])
+@pytest.fixture(params=["trio", "asyncio", "trio-batched", "asyncio-streamed"])
 def env(request: pytest.FixtureRequest) -> Iterator[AgentEnv]:
     before = _my_shm_files()
     runtime, _, batched = str(request.param).partition("-")
     with tempfile.TemporaryDirectory(prefix="fs3-usrbio-") as mount:
-        backend = BatchedBackend(mount) if batched else LocalFileBackend(mount)
+        backend = (
+            StreamingBackend(mount)
+            if batched == "streamed"
+            else BatchedBackend(mount)
+            if batched
+            else LocalFileBackend(mount)
+        )
         agent = UsrbioAgent(backend)
         sock = agent_socket_path(mount)
         with start_blocking_portal(runtime) as portal:
@@ -234,6 +276,47 @@ def test_read_past_eof_is_short(env: AgentEnv) -> None:
         assert got == {"x": 3, "y": 0, "empty": 0}
         assert bytes(iov.buf[:3]) == b"abc"
     _close(fd)
+
+
+@pytest.mark.timeout(30)
+def test_each_read_of_a_batch_completes_when_it_is_done() -> None:
+    """A batch's large reads complete while a slow one is still out (no lockstep rings);
+    small reads complete with their batch (fewer wake-ups where CPU per I/O is the limit)."""
+    bs = STREAM_MIN_READ
+    with tempfile.TemporaryDirectory(prefix="fs3-usrbio-") as mount:
+        backend = StreamingBackend(mount)
+        agent = UsrbioAgent(backend)
+        env = AgentEnv(mount, backend, agent)
+        with start_blocking_portal("asyncio") as portal:
+            fut, _ = portal.start_task(agent.serve, agent_socket_path(mount))
+            try:
+                fd = _open(env, "held.bin", 0)
+                data = random.Random(5).randbytes(3 * bs)
+                os.pwrite(fd, data, 0)
+                with Iov(mount, 3 * bs) as iov, Ior(mount, 4, for_read=True) as rd:
+                    for n, hold in ((bs, bs), (4096, 4096)):
+                        backend.hold_offset, backend.release = hold, False
+                        for k in range(3):
+                            prep_io(rd, iov, k * n, fd, k * n, n, k)
+                        submit_ios(rd)
+                        first: dict[int, int] = {}
+                        deadline = time.monotonic() + (10 if n == bs else 1.5)
+                        while len(first) < 2 and time.monotonic() < deadline:
+                            for c in wait_for_ios(rd, 3, 1, timeout=0.5):
+                                first[c.userdata] = c.result
+                        if n == bs:
+                            assert first == {0: n, 2: n}  # the held read is still out
+                        else:
+                            assert first == {}  # 4 KiB reads: the batch completes together
+                        assert backend.batches[-1] == 3  # ...and it was one batch
+                        backend.release = True
+                        rest = wait_for_ios(rd, 3, 3 - len(first), timeout=10)
+                        got = first | {c.userdata: c.result for c in rest}
+                        assert got == {0: n, 1: n, 2: n}
+                        assert bytes(iov.buf[: 3 * n]) == data[: 3 * n]
+                _close(fd)
+            finally:
+                fut.cancel()
 
 
 @pytest.mark.timeout(10)
@@ -408,7 +491,7 @@ def test_crashed_application_is_reclaimed(env: AgentEnv) -> None:
 
 _AGENT = """
 import sys, anyio, os
-from fs3.usrbio.agent import UsrbioAgent
+from fs3.usrbio.agent import STREAM_MIN_READ, UsrbioAgent
 class Slow:
     async def read(self, inode, off, dest):
         await anyio.sleep(30)
@@ -580,3 +663,18 @@ def test_usrbio_over_shm_transport_moves_no_bytes_through_the_agent() -> None:
             finally:
                 fut.cancel()
                 portal.call(backend.teardown)
+
+
+@pytest.mark.timeout(10)
+def test_a_wake_up_is_skipped_only_while_the_last_one_is_unread() -> None:
+    import socket
+
+    from fs3.usrbio.agent import _wake_up_pending
+
+    agent_end, app_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with agent_end, app_end:
+        assert not _wake_up_pending(agent_end)
+        agent_end.send(b"c")
+        assert _wake_up_pending(agent_end)  # the application will wake up and reap anyway
+        app_end.recv(16)
+        assert not _wake_up_pending(agent_end)  # it read it: the next completion must send
