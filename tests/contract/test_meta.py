@@ -554,7 +554,7 @@ def test_unlink_while_open_and_gc(fs: Fs) -> None:
     assert (
         gc[0].length == 3 << 20
         and list(gc[0].layout.chain_ids)
-        and gc[0].layout.chunk_size == 1 << 20
+        and gc[0].layout.chunk_size == MetaSection().default_chunk_size
     )
     assert err(fs.op.list_gc, F.ListGcRequest(user=ALICE)) == errno.EPERM
     fs.op.ack_gc(F.AckGcRequest(user=ROOT, ids=[gc[0].id]))
@@ -891,7 +891,7 @@ def test_layout_inheritance_and_placement(db: Database) -> None:
     for f in files:
         lay = f.layout
         assert (
-            lay.chunk_size == 1 << 20
+            lay.chunk_size == MetaSection().default_chunk_size
             and lay.stripe == 3
             and lay.table_id == 1
             and lay.table_version == 1
