@@ -41,7 +41,11 @@ def secure_cluster() -> Iterator[ProcessCluster]:
         mount=HAVE_FUSE,
         overrides={
             "storage": {"storage": {"fsync": False}},
-            "meta": {"security": {"capability_ttl_s": CAP_TTL_S}},
+            # 1 MiB chunks: the capability attacks need a small file of two chunks
+            "meta": {
+                "security": {"capability_ttl_s": CAP_TTL_S},
+                "meta": {"default_chunk_size": 1 << 20},
+            },
         },
     )
     failed = True
