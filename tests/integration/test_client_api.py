@@ -28,7 +28,7 @@ from fs3.testing.cluster import ProcessCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-CHUNK = 1 << 20  # the test cluster's chunk size (pinned below: the tests cross chunk boundaries)
+CHUNK = 1 << 20  # the cluster's default chunk size
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +40,7 @@ def cluster() -> Iterator[ProcessCluster]:
         meta=2,
         mgmtd=1,
         transport="grpc",
-        overrides={
-            "storage": {"storage": {"fsync": False}},
-            "meta": {"meta": {"default_chunk_size": CHUNK}},
-        },
+        overrides={"storage": {"storage": {"fsync": False}}},
     ) as c:
         yield c
 
