@@ -36,10 +36,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from read_path import cpu_snapshot  # noqa: E402
-from run_all import Cleanup  # noqa: E402
+from run_all import Cleanup, fs3_up  # noqa: E402
 
 from fs3.cli.bench import drop_caches, parse_size  # noqa: E402
-from fs3.testing.cluster import ProcessCluster  # noqa: E402
 from fs3.usrbio import Ior, Iov, dereg_fd, prep_io, reg_fd, submit_ios, wait_for_ios  # noqa: E402
 
 MiB = 1 << 20
@@ -119,18 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     cleanup = Cleanup()
     res: dict[str, list[float]] = {"seq_MiB_s": [], "rand_iops": []}
     try:
-        mnt = base / "mnt"
-        mnt.mkdir()
-        cluster = ProcessCluster(
-            base / "fs3",
-            storage_nodes=3,
-            replicas=3,
-            transport=a.transport,
-            mount=str(mnt),
-            start_timeout_s=180,
-        )
-        cleanup.push("fs3 cluster", lambda: cluster.close())
-        cluster.start()
+        cluster, mnt = fs3_up(base, a.transport, cleanup)
         pids = {n: cluster.pid(n) for n in cluster.names if n.startswith(("storage", "fuse"))}
         pids["app"] = os.getpid()
         path = str(mnt / "big")
