@@ -263,6 +263,7 @@ class ClientSection:
     length_report_interval_s: float = 5.0  # long writers report file length this often
     routing_refresh_s: float = 2.0
     dir_cache_s: float = 1.0  # Python API: directories on a path are reused this long unasked, like FUSE's entry_timeout_s (0 = off)
+    sync_meta: bool = True  # Python API: meta calls (stat, create, open) from the calling thread on a connection of its own, not through the loop thread (native transport only; fs3.rpc.native.sync_client)
 
     def validate(self) -> None:
         _check(self.retry_deadline_s > 0, "retry_deadline_s must be > 0")

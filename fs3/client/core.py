@@ -56,6 +56,7 @@ import logging
 import os
 import socket
 import stat as _stat
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -348,6 +349,14 @@ class AsyncClient:
         self._quiet_closes: dict[tuple[int, int, tuple[int, ...]], list[tuple[int, str]]] = {}
         self._quiet_callers: dict[tuple[int, int, tuple[int, ...]], Caller] = {}
         self._closer: asyncio.Task[None] | None = None
+        # The Python API's threads queue and take quiet closes too (create_now,
+        # release_now): the queue changes under this lock, and _closer_wanted (under
+        # it too) says a closer task runs or is being started, so a session queued
+        # from any thread is never left without one.
+        self._quiet_lock = threading.Lock()
+        self._closer_wanted = False
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         # Python API path resolution: directories met on a path, (parent, name) ->
         # {caller key: (expiry, attr)}; see _steps.
         self._dirs: dict[tuple[int, bytes], dict[tuple[int, int, tuple[int, ...]], _CachedDir]] = {}
@@ -871,7 +880,17 @@ class AsyncClient:
         ``mode``: permission bits after umask. ``flags``: open flags (O_CREAT
         implied; O_EXCL → EEXIST if it exists; O_TRUNC truncates an existing one).
         """
-        req = meta_pb2.CreateRequest(
+        req = self.create_request(caller, parent, name, mode, flags)
+        r = await self._with_quiet_closes("Create", req, caller)
+        self._parent_changed(r)
+        h = await self._opened(caller, r, flags)
+        return h, self._overlay(r.attr)
+
+    def create_request(
+        self, caller: Caller, parent: int, name: str | bytes, mode: int, flags: int
+    ) -> meta_pb2.CreateRequest:
+        """The Create request of :meth:`create` (one request id for all its retries)."""
+        return meta_pb2.CreateRequest(
             user=caller.to_proto(),
             request_id=new_request_id(),
             parent=parent,
@@ -880,20 +899,20 @@ class AsyncClient:
             flags=flags,
             client_id=self.client_id,
         )
-        r = await self._with_quiet_closes("Create", req, caller)
-        self._parent_changed(r)
-        h = await self._opened(caller, r, flags)
-        return h, self._overlay(r.attr)
 
-    async def open(self, caller: Caller, inode: int, flags: int) -> FileHandle:
-        """Open ``inode`` with ``flags`` (O_ACCMODE, O_TRUNC, O_APPEND ...)."""
-        req = meta_pb2.OpenRequest(
+    def open_request(self, caller: Caller, inode: int, flags: int) -> meta_pb2.OpenRequest:
+        """The Open request of :meth:`open`."""
+        return meta_pb2.OpenRequest(
             user=caller.to_proto(),
             request_id=new_request_id(),
             inode=inode,
             flags=flags,
             client_id=self.client_id,
         )
+
+    async def open(self, caller: Caller, inode: int, flags: int) -> FileHandle:
+        """Open ``inode`` with ``flags`` (O_ACCMODE, O_TRUNC, O_APPEND ...)."""
+        req = self.open_request(caller, inode, flags)
         r = await self._with_quiet_closes("Open", req, caller)
         return await self._opened(caller, r, flags)
 
@@ -927,27 +946,49 @@ class AsyncClient:
         Meta ends them in the request's own transaction; if the request fails
         they go back to the queue (ending a session twice is harmless).
         """
-        key = _caller_key(caller)
-        refs = self._quiet_closes.pop(key, [])
-        if len(refs) > CLOSE_SESSIONS_MAX:
-            self._quiet_closes[key] = refs[CLOSE_SESSIONS_MAX:]
-            refs = refs[:CLOSE_SESSIONS_MAX]
-        for ino, sid in refs:
-            req.close_sessions.add(inode=ino, session_id=sid)
+        refs = self.take_quiet_closes(req, caller)
         try:
             return await self.meta.call(method, req)
         except BaseException:
-            if refs:
-                self._quiet_closes[key] = refs + self._quiet_closes.get(key, [])
-                self._start_closer()
+            self.requeue_quiet_closes(caller, refs)
             raise
 
-    async def _opened(self, caller: Caller, r: meta_pb2.OpenResponse, flags: int) -> FileHandle:
+    def take_quiet_closes(self, req: Any, caller: Caller) -> list[tuple[int, str]]:
+        """Put the caller's quietly closed sessions into ``req`` (a Create/Open request);
+        what was taken, for :meth:`requeue_quiet_closes` if the request fails. Any thread."""
+        key = _caller_key(caller)
+        with self._quiet_lock:
+            refs = self._quiet_closes.pop(key, [])
+            if len(refs) > CLOSE_SESSIONS_MAX:
+                self._quiet_closes[key] = refs[CLOSE_SESSIONS_MAX:]
+                refs = refs[:CLOSE_SESSIONS_MAX]
+        for ino, sid in refs:
+            req.close_sessions.add(inode=ino, session_id=sid)
+        return refs
+
+    def requeue_quiet_closes(self, caller: Caller, refs: list[tuple[int, str]]) -> None:
+        """Sessions a failed request carried go back to the queue (ending one twice is
+        harmless). Any thread."""
+        if refs:
+            self._queue_quiet(caller, refs, front=True)
+
+    def opened_now(self, caller: Caller, r: Any, flags: int) -> FileHandle | None:
+        """:meth:`_opened` without the loop, for the Python API's threads: the handle,
+        or None when the open needs storage work first (``need_truncate``: await
+        :meth:`_opened` then). Thread-safe: a capability and a handle are each one
+        dict store."""
+        if r.need_truncate:
+            return None
+        h = self._new_handle(caller, r, flags)
+        self._handles[h.fh] = h
+        return h
+
+    def _new_handle(self, caller: Caller, r: Any, flags: int) -> FileHandle:
         attr = r.attr
         if r.capability:
             self.capabilities.put(r.capability)
         lay = layout_of(attr)
-        h = FileHandle(
+        return FileHandle(
             fh=next(self._fh_ids),
             inode=int(attr.inode),
             flags=flags,
@@ -959,6 +1000,10 @@ class AsyncClient:
             truncate_version=int(attr.truncate_version),
             known_length=int(attr.size),
         )
+
+    async def _opened(self, caller: Caller, r: meta_pb2.OpenResponse, flags: int) -> FileHandle:
+        attr = r.attr
+        h = self._new_handle(caller, r, flags)
         if r.need_truncate:
             ctx = _CAP_CALLER.set((caller, r.session_id))
             try:
@@ -1267,6 +1312,23 @@ class AsyncClient:
         if err is not None:
             raise err
 
+    def release_now(self, fh: FileHandle) -> bool:
+        """:meth:`release` without the loop, for the Python API's threads, when it is only
+        bookkeeping: no read-ahead to cancel, no write-behind data of the inode, nothing to
+        report (the session then ends later, as in :meth:`release`). False: nothing was
+        done, await :meth:`release`."""
+        if fh.closed:
+            return True
+        if self._closed or fh.ra or fh.error is not None or self.write_behind.busy(fh.inode):
+            return False
+        if fh.session_id and not self._quiet(fh):
+            return False
+        fh.closed = True
+        self._handles.pop(fh.fh, None)
+        if fh.session_id:
+            self._queue_quiet(fh.caller, [(fh.inode, fh.session_id)])
+        return True
+
     def local_length(self, fh: FileHandle) -> int:
         """The length this client knows without asking meta (last fetch + own writes)."""
         return self._length(fh)
@@ -1400,6 +1462,30 @@ class AsyncClient:
                     break  # the link led elsewhere: continue from there in a new batch
         return cur
 
+    def known_parent(self, caller: Caller, path: str | bytes) -> tuple[int, bytes] | None:
+        """What :meth:`resolve_parent` would answer without asking meta: (directory
+        inode, last name) when every directory on ``path`` is in the directory cache
+        (see :meth:`_steps`) and the last component is a plain name; else None.
+
+        Any thread (the Python API calls it from its callers' threads): each cache
+        read is one ``dict.get``, atomic under the GIL, of an entry the loop replaces
+        whole and never changes; only the loop writes the cache.
+        """
+        p = _name(path)
+        if not p or p.endswith(b"/"):
+            return None
+        parts = [c for c in p.split(b"/") if c]
+        if not parts or parts[-1] in (b".", b"..") or len(parts[-1]) > NAME_MAX:
+            return None
+        who = _caller_key(caller)
+        cur = ROOT_INODE
+        for c in parts[:-1]:
+            d = self._cached_dir(who, cur, c)
+            if d is None:
+                return None
+            cur = int(d.inode)
+        return cur, parts[-1]
+
     def _cached_dir(
         self, who: tuple[int, int, tuple[int, ...]], parent: int, name: bytes
     ) -> meta_pb2.Attr | None:
@@ -1480,14 +1566,20 @@ class AsyncClient:
     # ================================================================== GC and internals
 
     def open_handles(self) -> list[FileHandle]:
-        return list(self._handles.values())
+        """A snapshot of the open handles; any thread (the Python API's threads add and
+        remove handles while the loop reads them: stat's size overlay, reports)."""
+        while True:
+            try:
+                return list(self._handles.values())
+            except RuntimeError:  # changed size while copied: copy again
+                continue
 
     def _check_open(self, fh: FileHandle) -> None:
         if fh.closed:
             raise FsError(Code.BAD_FD, "file handle is closed")
 
     def _handles_of(self, inode: int) -> list[FileHandle]:
-        return [h for h in self._handles.values() if h.inode == inode]
+        return [h for h in self.open_handles() if h.inode == inode]
 
     def _local_length(self, inode: int, truncate_version: int) -> int:
         n = 0
@@ -1605,10 +1697,27 @@ class AsyncClient:
         return not probe.has_length_hint and not probe.HasField("mtime")
 
     def _defer_close(self, fh: FileHandle) -> None:
-        key = _caller_key(fh.caller)
-        self._quiet_callers[key] = fh.caller
-        self._quiet_closes.setdefault(key, []).append((fh.inode, fh.session_id))
-        self._start_closer()
+        self._queue_quiet(fh.caller, [(fh.inode, fh.session_id)])
+
+    def _queue_quiet(
+        self, caller: Caller, refs: list[tuple[int, str]], front: bool = False
+    ) -> None:
+        """Queue sessions to end later and make sure a closer will run. Any thread."""
+        key = _caller_key(caller)
+        with self._quiet_lock:
+            self._quiet_callers[key] = caller
+            q = self._quiet_closes.setdefault(key, [])
+            if front:
+                q[:0] = refs
+            else:
+                q.extend(refs)
+            start = not self._closer_wanted
+            self._closer_wanted = True
+        if start:
+            if threading.get_ident() == self._loop_thread:
+                self._start_closer()
+            else:
+                self._loop.call_soon_threadsafe(self._start_closer)
 
     def _start_closer(self) -> None:
         if self._closer is None or self._closer.done():
@@ -1620,26 +1729,35 @@ class AsyncClient:
         Waits :data:`QUIET_CLOSE_DELAY_S` first: a client opening or creating
         files one after another takes them along with its next request instead.
         """
-        if not self._closed:
-            await asyncio.sleep(QUIET_CLOSE_DELAY_S)
-        while self._quiet_closes:
-            key, refs = next(iter(self._quiet_closes.items()))
-            batch, rest = refs[:CLOSE_SESSIONS_MAX], refs[CLOSE_SESSIONS_MAX:]
-            if rest:
-                self._quiet_closes[key] = rest
-            else:
-                del self._quiet_closes[key]
-            caller = self._quiet_callers[key]
-            req = meta_pb2.CloseSessionsRequest(
-                user=caller.to_proto(),
-                sessions=[meta_pb2.SessionRef(inode=i, session_id=s) for i, s in batch],
-            )
-            try:
-                await self.meta.call("CloseSessions", req)
-            except FsError as e:
-                # Like a client that died with files open: meta keeps the sessions
-                # until PruneSessions of this client id.
-                log.warning("ending %d sessions at meta failed: %s", len(batch), e)
+        try:
+            if not self._closed:
+                await asyncio.sleep(QUIET_CLOSE_DELAY_S)
+            while True:
+                with self._quiet_lock:
+                    if not self._quiet_closes:
+                        self._closer_wanted = False  # with the queue seen empty, atomically
+                        return
+                    key, refs = next(iter(self._quiet_closes.items()))
+                    batch, rest = refs[:CLOSE_SESSIONS_MAX], refs[CLOSE_SESSIONS_MAX:]
+                    if rest:
+                        self._quiet_closes[key] = rest
+                    else:
+                        del self._quiet_closes[key]
+                    caller = self._quiet_callers[key]
+                req = meta_pb2.CloseSessionsRequest(
+                    user=caller.to_proto(),
+                    sessions=[meta_pb2.SessionRef(inode=i, session_id=s) for i, s in batch],
+                )
+                try:
+                    await self.meta.call("CloseSessions", req)
+                except FsError as e:
+                    # Like a client that died with files open: meta keeps the sessions
+                    # until PruneSessions of this client id.
+                    log.warning("ending %d sessions at meta failed: %s", len(batch), e)
+        except BaseException:
+            with self._quiet_lock:  # a closer that died: the next queued session starts one
+                self._closer_wanted = False
+            raise
 
     async def flush_closes(self) -> None:
         """Wait until every session of a quietly closed handle was ended at meta."""
@@ -1656,7 +1774,7 @@ class AsyncClient:
         while True:
             await asyncio.sleep(max(0.05, interval / 2))
             now = time.monotonic()
-            for h in list(self._handles.values()):
+            for h in self.open_handles():
                 if h.dirty and not h.closed and now - h.last_report >= interval:
                     try:
                         await self._report(h)

@@ -8,7 +8,18 @@ How it is built:
 
 * Every call runs the asyncio core (:class:`~fs3.client.core.AsyncClient`) on
   the bridge loop (:mod:`fs3.client.bridge`): one bridge round trip per
-  operation.
+  operation, except the meta calls of ``stat``/``lstat`` and ``open`` (with or
+  without ``O_CREAT``) and the close of a file that has nothing to flush: with
+  ``[client] sync_meta`` (the default, native transport) the calling thread
+  makes those itself, on a connection of its own
+  (:mod:`fs3.rpc.native.sync_client`), when every directory on the path is in
+  the directory cache; no cross-thread hand-off, which on a busy host costs as
+  much as the RPC. Anything else, and a retry after a retryable failure, goes
+  through the bridge (the one retry policy, :meth:`MetaClient.call`).
+  Consistency is the same on both paths: the directory cache is read from the
+  caller's thread (single ``dict`` reads, see :meth:`AsyncClient.known_parent`)
+  and written only on the loop, and the open handles and quiet-close queue the
+  two paths share are thread-safe (:class:`AsyncClient`).
 * Paths are resolved client-side, one ``Lookup`` per component (meta checks
   search permission on each), following symlinks like the kernel does.
 * A file object is what the built-in ``open`` builds: a raw file
@@ -39,6 +50,7 @@ from fs3.client.bridge import Bridge
 from fs3.client.core import AsyncClient, Caller, FileHandle
 from fs3.errors import Code, FsError
 from fs3.proto import meta_pb2
+from fs3.rpc.native.sync_client import SyncPool
 
 T = TypeVar("T")
 
@@ -99,6 +111,11 @@ class Client:
         self._closed = False
         self._lock = threading.Lock()
         self._files: weakref.WeakSet[Any] = weakref.WeakSet()  # open file objects (outermost)
+        # meta calls from the caller's thread (see the module docstring); None: off
+        cfg = core.config
+        self._sync: SyncPool | None = None
+        if cfg.client.sync_meta and cfg.rpc.transport == "native":
+            self._sync = SyncPool(cfg.rpc, core.credential)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -204,6 +221,8 @@ class Client:
         try:
             self._bridge.run(self._core.close())
         finally:
+            if self._sync is not None:
+                self._sync.close()
             if self._owns_bridge:
                 self._bridge.close()
 
@@ -221,6 +240,84 @@ class Client:
             return self._bridge.run(coro)
         except FsError as e:
             raise _oserror(e, filename, filename2) from None
+
+    # ------------------------------------------------------------------ this thread's meta calls
+
+    @property
+    def sync_meta(self) -> bool:
+        """True if meta calls of stat/open are made from the calling thread."""
+        return self._sync is not None
+
+    def _meta_now(self, method: str, req: Any) -> Any:
+        """``MetaService.<method>(req)`` from this thread; a retryable failure continues
+        on the loop with the client's retry policy (same request, same request id)."""
+        assert self._sync is not None
+        try:
+            return self._core.meta.call_now(method, req, self._sync)
+        except FsError as e:
+            if not e.retryable:
+                raise
+        return self._bridge.run(self._core.meta.call(method, req))
+
+    def _now(self, fn: Callable[[], T], filename: Any = None) -> T:
+        """:meth:`_run` for work done on this thread."""
+        if self._closed:
+            raise ValueError("I/O operation on closed fs3 client")
+        try:
+            return fn()
+        except FsError as e:
+            raise _oserror(e, filename) from None
+
+    def _stat_now(self, p: str | bytes, follow: bool) -> meta_pb2.Attr | None:
+        """``stat`` as one Lookup from this thread when the path's directories are
+        cached; None: resolve on the loop (uncached directory, a symlink to follow,
+        ``.``/``..``/trailing slash, the root)."""
+        known = self._core.known_parent(self.caller, p)
+        if known is None:
+            return None
+        parent, name = known
+        r = self._meta_now(
+            "Lookup", meta_pb2.LookupRequest(user=self.caller.to_proto(), parent=parent, name=name)
+        )
+        if follow and _stat.S_ISLNK(r.attr.mode):
+            return None
+        return self._core._overlay(r.attr)
+
+    def _open_now(self, p: str | bytes, flags: int) -> FileHandle | None:
+        """``open`` as one Create (``O_CREAT``) or one Lookup and one Open from this
+        thread when the path's directories are cached; None: open on the loop (a
+        symlink, a directory, uncached directories, paths ending in ``/``)."""
+        core, caller = self._core, self.caller
+        known = core.known_parent(caller, p)
+        if known is None:
+            return None
+        parent, name = known
+        req: Any
+        if flags & os.O_CREAT:
+            req = core.create_request(caller, parent, name, 0o666 & ~self.umask, flags)
+            method = "Create"
+        else:
+            attr = self._meta_now(
+                "Lookup", meta_pb2.LookupRequest(user=caller.to_proto(), parent=parent, name=name)
+            ).attr
+            if not _stat.S_ISREG(attr.mode):
+                return None  # the loop path follows a symlink, refuses a directory
+            req = core.open_request(caller, attr.inode, flags)
+            method = "Open"
+        refs = core.take_quiet_closes(req, caller)
+        try:
+            r = self._meta_now(method, req)
+        except BaseException as e:
+            core.requeue_quiet_closes(caller, refs)
+            if isinstance(e, FsError) and e.errno == _errno.ELOOP and not flags & os.O_EXCL:
+                return None  # a symlink in the last place: the loop path walks it
+            raise
+        if method == "Create":
+            core._parent_changed(r)
+        h = core.opened_now(caller, r, flags)
+        if h is None:  # it needs storage work first (a truncate that shrank the file)
+            h = self._bridge.run(core._opened(caller, r, flags))
+        return h
 
     # ------------------------------------------------------------------ path helpers
 
@@ -246,7 +343,9 @@ class Client:
         flags, readable, writable, append, binary = _parse_mode(
             mode, buffering, encoding, errors, newline
         )
-        h = self._run(self._open_handle(p, flags), p)
+        h = self._now(lambda: self._open_now(p, flags), p) if self._sync is not None else None
+        if h is None:
+            h = self._run(self._open_handle(p, flags), p)
         raw = RawFile(self, h, p, _raw_mode(flags, readable, writable, append), append=append)
         try:
             if buffering == 1 and binary:
@@ -349,6 +448,10 @@ class Client:
 
     def stat(self, path: PathLike, *, follow_symlinks: bool = True) -> os.stat_result:
         p = _fspath(path)
+        if self._sync is not None:
+            attr = self._now(lambda: self._stat_now(p, follow_symlinks), p)
+            if attr is not None:
+                return _stat_result(attr)
         return _stat_result(self._run(self._resolve(p, follow_symlinks), p))
 
     def lstat(self, path: PathLike) -> os.stat_result:
@@ -886,8 +989,9 @@ class RawFile(io.RawIOBase):
         try:
             super().close()
         finally:
-            if not self._client._closed:
-                self._run(self._client.core.release(self._h))
+            c = self._client
+            if not c._closed and not (c.sync_meta and c.core.release_now(self._h)):
+                self._run(c.core.release(self._h))
 
     def __repr__(self) -> str:
         return f"<fs3.RawFile name={self.name!r} mode={self.mode!r} closed={self.closed}>"

@@ -25,9 +25,10 @@ from typing import Any
 
 from fs3.client.retry import Deadline, RetryPolicy, retrying
 from fs3.errors import Code, FsError
-from fs3.proto import meta_pb2_grpc, mgmtd_pb2
+from fs3.proto import meta_pb2, meta_pb2_grpc, mgmtd_pb2
 from fs3.routing import Routing
 from fs3.rpc.channel import ChannelPool, call
+from fs3.rpc.native.sync_client import SyncPool
 
 log = logging.getLogger("fs3.client.meta")
 
@@ -35,6 +36,9 @@ log = logging.getLogger("fs3.client.meta")
 _SERVER_DOWN = frozenset({Code.UNAVAILABLE, Code.TIMEOUT, Code.CANCELLED})
 
 FAILED_SERVER_COOLDOWN_S = 5.0
+
+# gRPC path prefix of MetaService methods (what the native method ids hash)
+_META_PATH = f"/{meta_pb2.DESCRIPTOR.services_by_name['MetaService'].full_name}/"
 
 
 def new_request_id() -> str:
@@ -155,6 +159,23 @@ class MetaClient:
                     await self._refresh_quietly()
 
         return await retrying(attempt, policy, what=f"meta.{method}", on_error=on_error)
+
+    def call_now(self, method: str, request: Any, pool: SyncPool) -> Any:
+        """One attempt of :meth:`call` from the calling thread, on that thread's own
+        connection (``fs3.rpc.native.sync_client``): for callers that are not on the
+        client's loop (the Python API), with no hand-off to the loop thread.
+
+        Raises the server's ``FsError``; a retryable failure (server down, deadline,
+        connection lost) is raised too, and the caller then continues with
+        :meth:`call` on the loop with the same ``request``: the one retry policy
+        (failover, backoff, routing refresh), and a mutation's request id keeps it
+        applied once. Thread-safe: the server choice reads routing (replaced whole,
+        never changed in place) and this client's current server.
+        """
+        address = self._choose()
+        return pool.get(address).call(
+            _META_PATH + method, request, timeout=self._policy.rpc_timeout_s
+        )
 
     async def _refresh_quietly(self) -> None:
         try:

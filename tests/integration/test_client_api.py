@@ -832,13 +832,23 @@ def test_closing_a_handle_that_wrote_nothing_costs_no_round_trip(client: Any) ->
     ended: list[tuple[int, str]] = []  # sessions sent to be ended, by any request
     real_call = core.meta.call
 
-    async def spy(method: str, req: Any, **kw: Any) -> Any:
+    real_now = core.meta.call_now
+
+    def seen(method: str, req: Any) -> None:
         calls.append(method)
         refs = getattr(req, "close_sessions", None) or getattr(req, "sessions", None) or []
         ended.extend((r.inode, r.session_id) for r in refs)
+
+    async def spy(method: str, req: Any, **kw: Any) -> Any:
+        seen(method, req)
         return await real_call(method, req, **kw)
 
+    def spy_now(method: str, req: Any, pool: Any) -> Any:  # the calling thread's calls
+        seen(method, req)
+        return real_now(method, req, pool)
+
     core.meta.call = spy
+    core.meta.call_now = spy_now
     try:
         client.bridge.run(core.flush_closes())
         with client.open("/quiet-1", "xb"):
@@ -862,6 +872,7 @@ def test_closing_a_handle_that_wrote_nothing_costs_no_round_trip(client: Any) ->
         assert client.stat("/loud").st_size == 4
     finally:
         core.meta.call = real_call
+        core.meta.call_now = real_now
         client.bridge.run(core.flush_closes())
         for name in [f"/quiet-{i}" for i in range(2, 6)] + ["/loud"]:
             if client.lexists(name):
@@ -877,13 +888,20 @@ def test_directories_on_a_path_are_reused_but_own_changes_show_at_once(client: A
     calls: list[str] = []
     real_call = core.meta.call
 
+    real_now = core.meta.call_now
+
     async def spy(method: str, req: Any, **kw: Any) -> Any:
         calls.append(method)
         return await real_call(method, req, **kw)
 
+    def spy_now(method: str, req: Any, pool: Any) -> Any:  # the calling thread's calls
+        calls.append(method)
+        return real_now(method, req, pool)
+
     client.makedirs("/dc/sub", exist_ok=True)
     client.chmod("/dc", 0o700)  # only root may search it
     core.meta.call = spy
+    core.meta.call_now = spy_now
     try:
         client.open("/dc/sub/a", "wb").close()
         calls.clear()
@@ -900,6 +918,7 @@ def test_directories_on_a_path_are_reused_but_own_changes_show_at_once(client: A
         assert sorted(client.listdir("/dc/moved")) == ["a", "b"]
     finally:
         core.meta.call = real_call
+        core.meta.call_now = real_now
         client.bridge.run(core.flush_closes())
     for n in ("a", "b"):
         client.unlink(f"/dc/moved/{n}")
@@ -907,3 +926,153 @@ def test_directories_on_a_path_are_reused_but_own_changes_show_at_once(client: A
     with pytest.raises(FileNotFoundError):
         client.open("/dc/moved/x", "wb")
     client.rmdir("/dc")
+
+
+# ---------------------------------------------------------------------- the calling thread's meta calls
+
+
+def _outcome(fn: Callable[[], Any]) -> Any:
+    """What a call gives: a comparable summary of its result, or its exception and errno."""
+    try:
+        r = fn()
+    except (OSError, ValueError) as e:
+        return (type(e).__name__, getattr(e, "errno", None))
+    if isinstance(r, os.stat_result):
+        return tuple(r)[:7] + (r.st_mtime_ns,)  # mode, ino, dev, nlink, uid, gid, size, mtime
+    return r
+
+
+def test_calling_thread_meta_path_matches_the_loop_path(cluster: ProcessCluster) -> None:
+    """stat/lstat/open/create made from the calling thread ([client] sync_meta, the
+    default) give what the same calls through the client's loop give (sync_meta off),
+    for every kind of path; and they really take the calling thread's path."""
+    cfg = fs3config.load(fs3config.ClientConfig, None)
+    cfg.client.sync_meta = False
+    on, off = cluster.connect(), cluster.connect(config=cfg)
+    assert on.sync_meta and not off.sync_meta
+    now_calls: list[str] = []
+    real_now = on.core.meta.call_now
+
+    def spy_now(method: str, req: Any, pool: Any) -> Any:
+        now_calls.append(method)
+        return real_now(method, req, pool)
+
+    on.core.meta.call_now = spy_now
+    d = f"/sync-{uuid.uuid4().hex[:8]}"
+    try:
+        off.makedirs(f"{d}/sub/deep")
+        with off.open(f"{d}/sub/f", "wb") as f:
+            f.write(b"12345")
+        off.symlink(f"{d}/sub/f", f"{d}/link")
+        off.symlink("nowhere", f"{d}/dangling")
+        paths = [
+            f"{d}/sub/f",
+            f"{d}/sub",
+            f"{d}/sub/deep",
+            f"{d}/link",
+            f"{d}/dangling",
+            f"{d}/missing",
+            f"{d}/sub/f/x",  # a file used as a directory
+            f"{d}/sub/",
+            f"{d}/sub/f/",
+            f"{d}/sub/.",
+            f"{d}/sub/..",
+            f"{d}/link/x",
+            "/",
+            f"{d}/" + "n" * 300,
+        ]
+        for _ in range(2):  # cold directory cache, then warm
+            for p in paths:
+                for follow in (True, False):
+                    a = _outcome(lambda p=p, follow=follow: on.stat(p, follow_symlinks=follow))
+                    b = _outcome(lambda p=p, follow=follow: off.stat(p, follow_symlinks=follow))
+                    assert a == b, (p, follow)
+        assert now_calls.count("Lookup") >= 4
+
+        # open/create in every mode, on twin trees: one through each path
+        def twin(c: Any, root: str) -> None:
+            c.makedirs(f"{root}/sub")
+            with c.open(f"{root}/sub/f", "wb") as f:
+                f.write(b"12345")
+            c.symlink(f"{root}/sub/f", f"{root}/link")
+            c.symlink("nowhere", f"{root}/dangling")
+
+        def shape(r: Any) -> Any:  # what must agree between the twins (not inode, times)
+            if isinstance(r, tuple) and len(r) == 8:
+                return (r[0], r[3], r[4], r[5], r[6])  # mode, nlink, uid, gid, size
+            return r
+
+        twin(off, f"{d}/on")
+        twin(off, f"{d}/off")
+        rels = ["sub/new", "sub/f", "link", "dangling", "no/x", "sub", "sub/new/", "sub/."]
+        for mode in ("xb", "wb", "ab", "rb", "r+b", "w", "x"):
+            for rel in rels:
+                got = []
+                for c, root in ((on, f"{d}/on"), (off, f"{d}/off")):
+                    opened = _outcome(
+                        lambda c=c, p=f"{root}/{rel}", mode=mode: c.open(p, mode).close()
+                    )
+                    got.append((opened, shape(_outcome(lambda p=f"{root}/{rel}": off.stat(p)))))
+                assert got[0] == got[1], (mode, rel)
+        assert "Create" in now_calls and "Open" in now_calls
+        # a file written and closed through the sync open is read whole by the other client
+        with on.open(f"{d}/sub/w", "wb") as f:
+            f.write(b"hello")
+        assert off.stat(f"{d}/sub/w").st_size == 5
+        with off.open(f"{d}/sub/w", "rb") as f:
+            assert f.read() == b"hello"
+        # own unreported writes show in the size a sync stat gives
+        f = on.open(f"{d}/sub/grow", "wb", buffering=0)
+        f.write(b"x" * 1000)
+        assert on.stat(f"{d}/sub/grow").st_size == 1000
+        f.close()
+        assert off.stat(f"{d}/sub/grow").st_size == 1000
+    finally:
+        on.core.meta.call_now = real_now
+        on.close()
+        off.close()
+
+
+def test_calling_thread_meta_path_from_many_threads(client: Any) -> None:
+    """Several threads stat, create and close at once: each gets its own answers, every
+    session is ended, and the loop path sees the same files."""
+    import threading
+
+    d = f"/mt-{uuid.uuid4().hex[:8]}"
+    client.makedirs(f"{d}/a")
+    assert client.sync_meta
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(6)
+
+    def worker(k: int) -> None:
+        try:
+            barrier.wait(30)
+            for i in range(25):
+                p = f"{d}/a/t{k}-{i}"
+                with client.open(p, "xb") as f:
+                    if i % 5 == 0:
+                        f.write(bytes([k]) * (i + 1))
+                st = client.stat(p)
+                assert st.st_size == (i + 1 if i % 5 == 0 else 0), (p, st)
+                with pytest.raises(FileExistsError):
+                    client.open(p, "xb")
+                with pytest.raises(FileNotFoundError):
+                    client.stat(f"{d}/a/none-{k}-{i}")
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(150)
+    assert not errors, errors[:3]
+    client.bridge.run(client.core.flush_closes())
+    assert sorted(client.listdir(f"{d}/a")) == sorted(
+        f"t{k}-{i}" for k in range(6) for i in range(25)
+    )
+    assert not client.core._quiet_closes and not client.core.open_handles()
+    for name in client.listdir(f"{d}/a"):
+        client.unlink(f"{d}/a/{name}")  # no session left: removed at once
+    client.rmdir(f"{d}/a")
+    client.rmdir(d)
