@@ -30,9 +30,14 @@ side by side compare.
   python benchmarks/meta_ops.py --cluster DIR/fs3.cluster --mount MNT [--files 2000] [--runs 3]
                                 [--block 50]
 
+``--loop-too`` adds a third kind, a Python API client with ``[client]
+sync_meta`` off (every meta call through its loop thread, the API before
+fs3.rpc.native.sync_client), interleaved with the other two.
+
 With ``--hop`` (no mount needed): what the Python API's hand-off to the
 client's loop thread costs per stat, the same stats through ``Client.stat``
-and awaited inside the loop, in alternating blocks.
+(meta calls from the calling thread), through ``Client.stat`` with sync_meta
+off (through the loop thread) and awaited inside the loop, in alternating blocks.
 
   python benchmarks/meta_ops.py --cluster DIR/fs3.cluster --mount - --hop [--files 300]
 
@@ -513,9 +518,11 @@ class ApiOps(PosixOps):
 
     label = "Python API"
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, label: str = "") -> None:
         self.c = client
         self.root = "/"
+        if label:
+            self.label = label
 
     def mkdir(self, d: str) -> None:
         self.c.mkdir("/" + d)
@@ -548,19 +555,19 @@ def _timed_blocks(
     block: int,
     op: Callable[[PosixOps, str], Any],
     pids: list[int],
-) -> tuple[dict[str, float], dict[str, float], list[float]]:
+) -> tuple[dict[str, float], dict[str, float], dict[str, list[float]]]:
     """Run ``op`` over each kind's names in alternating blocks of ``block``.
 
     Block i of every kind runs back to back (the order flips every block), so
-    the two figures of a block pair saw the same machine: on a shared host
-    whose speed swings several-fold within seconds, the median of the per-pair
-    ratios is what compares the kinds, not whole phases run one after another.
+    the figures of a block saw the same machine: on a shared host whose speed
+    swings several-fold within seconds, the median of the per-block ratios is
+    what compares the kinds, not whole phases run one after another.
     Returns (ops/s per kind, meta CPU ms per op per kind, per-block ratios of
-    the second kind's speed to the first's).
+    each other kind's speed to the first kind's, by label).
     """
     secs = {k.label: 0.0 for k in kinds}
     cpu = {k.label: 0.0 for k in kinds}
-    ratios: list[float] = []
+    ratios: dict[str, list[float]] = {k.label: [] for k in kinds[1:]}
     n = len(work[kinds[0].label])
     for i, lo in enumerate(range(0, n, block)):
         took: dict[str, float] = {}
@@ -573,7 +580,8 @@ def _timed_blocks(
             took[k.label] = time.perf_counter() - t0
             cpu[k.label] += cpu_seconds(pids) - c0
             secs[k.label] += took[k.label]
-        ratios.append(took[kinds[0].label] / took[kinds[1].label])
+        for k in kinds[1:]:
+            ratios[k.label].append(took[kinds[0].label] / took[k.label])
     return (
         {k: n / v for k, v in secs.items()},
         {k: v / n * 1000 for k, v in cpu.items()},
@@ -596,12 +604,15 @@ def budget_round(kinds: list[PosixOps], files: int, block: int, pids: list[int])
     names = {k.label: [f"{dirs[k.label]}/f{i:06d}" for i in range(files)] for k in kinds}
     out: dict[str, Any] = {}
 
-    def record(phase: str, res: tuple[dict[str, float], dict[str, float], list[float]]) -> None:
+    def record(
+        phase: str, res: tuple[dict[str, float], dict[str, float], dict[str, list[float]]]
+    ) -> None:
         rates, cpu, ratios = res
         for label, v in rates.items():
             out.setdefault(label, {})[phase] = v
             out[label][f"meta_cpu_ms_per_{phase}"] = cpu[label]
-        out.setdefault("ratios", {})[phase] = ratios
+        for label, r in ratios.items():
+            out.setdefault("ratios", {}).setdefault(label, {})[phase] = r
 
     record("create", _timed_blocks(kinds, names, block, lambda k, n: k.create(n), pids))
     for k in kinds:
@@ -615,20 +626,24 @@ def budget_round(kinds: list[PosixOps], files: int, block: int, pids: list[int])
         listed[k.label] = got / (time.perf_counter() - t0)
         assert got == files, (k.label, got, files)
         out[k.label]["readdir"] = listed[k.label]
-    out["ratios"]["readdir"] = [listed[kinds[1].label] / listed[kinds[0].label]]
+    for k in kinds[1:]:
+        out["ratios"][k.label]["readdir"] = [listed[k.label] / listed[kinds[0].label]]
     record("unlink", _timed_blocks(kinds, names, block, lambda k, n: k.unlink(n), pids))
     for k in kinds:
         k.rmdir(dirs[k.label])
     return out
 
 
-def bridge_hop(client: Any, files: int, block: int, runs: int) -> None:
+def bridge_hop(client: Any, files: int, block: int, runs: int, loop_client: Any = None) -> None:
     """What the Python API's thread hand-off costs per stat (``--hop``).
 
-    The same stats, in alternating blocks: through ``Client.stat`` (each call
-    crosses to the client's loop thread and back: fs3.client.bridge) and as
-    one bridge call that awaits the core's path resolution for the whole block
-    inside the loop (no crossing per stat). Both send one Lookup RPC per stat.
+    The same stats, in alternating blocks: through ``Client.stat`` (with
+    ``[client] sync_meta``, the default, one Lookup from the calling thread:
+    fs3.rpc.native.sync_client), through ``Client.stat`` of ``loop_client``
+    (sync_meta off: each call crosses to the client's loop thread and back,
+    fs3.client.bridge), and as one bridge call that awaits the core's path
+    resolution for the whole block inside the loop (no crossing per stat). All
+    send one Lookup RPC per stat.
     """
     import statistics
 
@@ -643,24 +658,32 @@ def bridge_hop(client: Any, files: int, block: int, runs: int) -> None:
         for n in batch:
             await core.resolve(caller, n)
 
-    ratios: list[float] = []
-    rates: dict[str, list[float]] = {"Client.stat": [], "in the loop": []}
+    kinds = ["Client.stat", "in the loop"]
+    if loop_client is not None:
+        kinds.insert(1, "loop path")
+    base = kinds[1]  # what the others are compared with
+    ratios: dict[str, list[float]] = {k: [] for k in kinds if k != base}
+    rates: dict[str, list[float]] = {k: [] for k in kinds}
     load0 = os.getloadavg()
     try:
         for r in range(runs):
             for i, lo in enumerate(range(0, files, block)):
                 batch = names[lo : lo + block]
                 took = {}
-                for kind in ("Client.stat", "in the loop")[:: 1 if (i + r) % 2 == 0 else -1]:
+                for kind in kinds[:: 1 if (i + r) % 2 == 0 else -1]:
                     t0 = time.perf_counter()
                     if kind == "Client.stat":
                         for n in batch:
                             client.stat(n)
+                    elif kind == "loop path":
+                        for n in batch:
+                            loop_client.stat(n)
                     else:
                         client.bridge.run(in_loop(batch))
                     took[kind] = time.perf_counter() - t0
                     rates[kind].append(len(batch) / took[kind])
-                ratios.append(took["Client.stat"] / took["in the loop"])
+                for kind in ratios:
+                    ratios[kind].append(took[base] / took[kind])
     finally:
         for n in names:
             client.unlink(n)
@@ -672,13 +695,26 @@ def bridge_hop(client: Any, files: int, block: int, runs: int) -> None:
     )
     for kind, v in rates.items():
         print(f"  {kind:<12} median {statistics.median(v):,.0f} stats/s, best block {max(v):,.0f}")
-    print(
-        f"  in-loop speed / Client.stat speed, median of {len(ratios)} block pairs: "
-        f"{statistics.median(ratios):.2f}"
-    )
+    for kind, v in ratios.items():
+        print(
+            f"  {kind} speed / {base} speed, median of {len(v)} blocks: {statistics.median(v):.2f}"
+        )
 
 
-def budget(cluster_file: str, mount: str, files: int, runs: int, block: int) -> int:
+def _loop_client(cluster_file: str) -> Any:
+    """A Python API client whose meta calls all go through its loop thread
+    (``[client] sync_meta`` off: the API before fs3.rpc.native.sync_client)."""
+    import fs3
+    from fs3 import config as fs3config
+
+    cfg = fs3config.load(fs3config.ClientConfig, None)
+    cfg.client.sync_meta = False
+    return fs3.connect(cluster_file, config=cfg)
+
+
+def budget(
+    cluster_file: str, mount: str, files: int, runs: int, block: int, loop_too: bool = False
+) -> int:
     import statistics
 
     import fs3
@@ -686,9 +722,12 @@ def budget(cluster_file: str, mount: str, files: int, runs: int, block: int) -> 
     pids = meta_pids(cluster_file)
     load0 = os.getloadavg()
     client = fs3.connect(cluster_file)
+    loop_client = _loop_client(cluster_file) if loop_too else None
     rounds: list[dict[str, Any]] = []
     try:
         kinds: list[PosixOps] = [PosixOps(mount), ApiOps(client)]
+        if loop_client is not None:
+            kinds.append(ApiOps(loop_client, "API, loop path"))
         for r in range(runs):
             res = budget_round(kinds, files, block, pids)
             rounds.append(res)
@@ -700,28 +739,39 @@ def budget(cluster_file: str, mount: str, files: int, runs: int, block: int) -> 
                 )
     finally:
         client.close()
+        if loop_client is not None:
+            loop_client.close()
     load1 = os.getloadavg()
     phases = ["create", "stat", "readdir", "unlink"]
     metrics = phases + [f"meta_cpu_ms_per_{p}" for p in ("create", "stat", "unlink")]
+    labels = [k.label for k in kinds]
     med = {
         label: {m: statistics.median(r[label][m] for r in rounds) for m in metrics}
-        for label in ("FUSE", "Python API")
+        for label in labels
     }
     print(
         f"\n{files} files per kind per round, blocks of {block}, {runs} rounds; "
         f"load average {load0[0]:.2f} -> {load1[0]:.2f}"
     )
+    others = labels[1:]
     print(
-        "| metric | FUSE | Python API | API / FUSE (whole phases) | API / FUSE (median of block pairs) |"
+        "| metric | "
+        + " | ".join(labels)
+        + "".join(f" | {o} / FUSE (whole phases) | {o} / FUSE (median of blocks)" for o in others)
+        + " |"
     )
-    print("|---|---:|---:|---:|---:|")
+    print("|---|" + "---:|" * (len(labels) + 2 * len(others)))
     for m in metrics:
-        f, a = med["FUSE"][m], med["Python API"][m]
-        paired = ""
-        if m in phases:
-            pairs = [x for r in rounds for x in r["ratios"][m]]
-            paired = f"{statistics.median(pairs):.2f} ({len(pairs)} pairs)"
-        print(f"| {m} | {f:,.3f} | {a:,.3f} | {a / f if f else 0:.2f} | {paired} |")
+        f = med["FUSE"][m]
+        row = f"| {m} | " + " | ".join(f"{med[lb][m]:,.3f}" for lb in labels)
+        for o in others:
+            a = med[o][m]
+            paired = ""
+            if m in phases:
+                pairs = [x for r in rounds for x in r["ratios"][o][m]]
+                paired = f"{statistics.median(pairs):.2f} ({len(pairs)} blocks)"
+            row += f" | {a / f if f else 0:.2f} | {paired}"
+        print(row + " |")
     return 0
 
 
@@ -744,6 +794,12 @@ def main(argv: list[str] | None = None) -> int:
         "--hop",
         action="store_true",
         help="cluster mode: only the Python API's per-call thread hand-off cost on stat",
+    )
+    ap.add_argument(
+        "--loop-too",
+        action="store_true",
+        help="cluster mode: also a Python API client with [client] sync_meta off (its "
+        "meta calls through the loop thread), interleaved with the others",
     )
     ap.add_argument("--growth", type=int, default=0, help="growth mode: entries in one directory")
     ap.add_argument("--probe", type=int, default=200, help="growth mode: ops per latency median")
@@ -771,12 +827,16 @@ def main(argv: list[str] | None = None) -> int:
             import fs3
 
             client = fs3.connect(args.cluster)
+            loop_client = _loop_client(args.cluster)
             try:
-                bridge_hop(client, args.files, args.block, args.runs)
+                bridge_hop(client, args.files, args.block, args.runs, loop_client)
             finally:
                 client.close()
+                loop_client.close()
             return 0
-        return budget(args.cluster, args.mount, args.files, args.runs, args.block)
+        return budget(
+            args.cluster, args.mount, args.files, args.runs, args.block, loop_too=args.loop_too
+        )
     print(
         f"fs3 meta benchmark: {args.files} files, concurrency {args.concurrency}, sqlite KV, "
         f"{os.cpu_count()} cpus",
