@@ -43,6 +43,7 @@ server's own ``FsError`` rebuilt from its ErrorDetail, ``UNAVAILABLE``
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import ssl as _ssl
 import threading
@@ -70,6 +71,19 @@ RECV_BYTES = 64 * 1024  # a connection's receive buffer (meta answers are far sm
 
 _UNPACK = wire.HEADER.unpack_from
 
+# Bumped in a forked child: a connection made before the fork is the parent's too (the
+# thread-local copied with the memory), so the child never uses it, and never closes
+# it either (the socket is shared: a shutdown would cut the parent's).
+_generation = 0
+
+
+def _forked() -> None:
+    global _generation
+    _generation += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
 
 class _Lost(Exception):
     """The connection broke; ``before_reply``: no byte of the answer had arrived."""
@@ -82,7 +96,19 @@ class _Lost(Exception):
 class _Conn:
     """One thread's connection: its socket and receive buffer."""
 
-    __slots__ = ("sock", "via", "buf", "view", "start", "end", "rid", "used", "_fin", "__weakref__")
+    __slots__ = (
+        "sock",
+        "via",
+        "buf",
+        "view",
+        "start",
+        "end",
+        "rid",
+        "used",
+        "generation",
+        "_fin",
+        "__weakref__",
+    )
 
     def __init__(self, sock: socket.socket, via: str) -> None:
         self.sock = sock
@@ -93,6 +119,7 @@ class _Conn:
         self.end = 0
         self.rid = 0
         self.used = False  # a call completed on it (a later failure may be a stale socket)
+        self.generation = _generation  # this process's (see _forked)
         # a thread that exits drops its connection: the socket closes with it
         self._fin = weakref.finalize(self, sock.close)
 
@@ -296,7 +323,9 @@ class SyncNativeClient:
     def _connection(self, deadline: float | None) -> _Conn:
         conn: _Conn | None = getattr(self._local, "conn", None)
         if conn is not None and not conn.closed:
-            return conn
+            if conn.generation == _generation:
+                return conn
+            conn._fin.detach()  # the parent's connection (see _forked): leave it alone
         if self._closed:
             raise _unavailable(self.address, "client closed")
         conn = self._connect(deadline)
@@ -375,6 +404,9 @@ class SyncNativeClient:
             self._closed = True
             conns, self._conns = list(self._conns), weakref.WeakSet()
         for c in conns:
+            if c.generation != _generation:
+                c._fin.detach()  # made before a fork: the parent's
+                continue
             with contextlib.suppress(OSError):
                 c.sock.shutdown(socket.SHUT_RDWR)  # a thread blocked in a call wakes up
             c.close()

@@ -287,3 +287,38 @@ def test_threads_each_use_their_own_connection(server: Server) -> None:
     assert not errors, errors
     assert c.connects == 8
     assert server.meta.calls == 8 * 60
+
+
+def test_a_forked_child_never_uses_the_parents_connection(server: Server) -> None:
+    """A child process (e.g. a data loader worker) connects on its own; the parent's
+    connection keeps working, its frames never interleaved with the child's."""
+    import multiprocessing
+
+    c = _client(server, "unix")
+    try:
+        assert c.call(LOOKUP, _lookup(b"a"), timeout=5).attr.inode == 1001
+        ctx = multiprocessing.get_context("fork")
+        q = ctx.Queue()
+
+        def child() -> None:
+            try:
+                for i in range(50):
+                    r = c.call(LOOKUP, _lookup(b"c" * (1 + i % 9), parent=9), timeout=5)
+                    assert r.attr.inode == 9000 + 1 + i % 9
+                q.put(("ok", c.connects))
+            except BaseException as e:
+                q.put(("error", repr(e)))
+
+        p = ctx.Process(target=child)
+        p.start()
+        for i in range(50):  # the parent calls meanwhile, on its own connection
+            assert c.call(LOOKUP, _lookup(b"p" * (1 + i % 7)), timeout=5).attr.inode == (
+                1000 + 1 + i % 7
+            )
+        status, got = q.get(timeout=30)
+        p.join(30)
+        assert status == "ok", got
+        assert got == 2  # the child made its own connection
+        assert c.connects == 1 and c.call(LOOKUP, _lookup(b"ab"), timeout=5).attr.inode == 1002
+    finally:
+        c.close()
