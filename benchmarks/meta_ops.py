@@ -737,6 +737,9 @@ def budget(
                     + "  ".join(f"{m}={v:,.3f}" for m, v in res[k.label].items()),
                     flush=True,
                 )
+        for k in kinds:  # meta servers are picked at random per client
+            if isinstance(k, ApiOps):
+                print(f"{k.label} used meta server {k.c.core.meta._current}")
     finally:
         client.close()
         if loop_client is not None:
