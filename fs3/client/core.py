@@ -349,8 +349,8 @@ class AsyncClient:
         self._quiet_closes: dict[tuple[int, int, tuple[int, ...]], list[tuple[int, str]]] = {}
         self._quiet_callers: dict[tuple[int, int, tuple[int, ...]], Caller] = {}
         self._closer: asyncio.Task[None] | None = None
-        # The Python API's threads queue and take quiet closes too (create_now,
-        # release_now): the queue changes under this lock, and _closer_wanted (under
+        # The Python API's threads queue and take quiet closes too (release_now,
+        # take_quiet_closes): the queue changes under this lock, and _closer_wanted (under
         # it too) says a closer task runs or is being started, so a session queued
         # from any thread is never left without one.
         self._quiet_lock = threading.Lock()
@@ -1717,7 +1717,8 @@ class AsyncClient:
             if threading.get_ident() == self._loop_thread:
                 self._start_closer()
             else:
-                self._loop.call_soon_threadsafe(self._start_closer)
+                with contextlib.suppress(RuntimeError):  # the loop is gone: client closed
+                    self._loop.call_soon_threadsafe(self._start_closer)
 
     def _start_closer(self) -> None:
         if self._closer is None or self._closer.done():
