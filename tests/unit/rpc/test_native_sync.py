@@ -25,7 +25,7 @@ from fs3.config import RpcSection
 from fs3.errors import Code, FsError, posix
 from fs3.proto import common_pb2, meta_pb2, meta_pb2_grpc
 from fs3.rpc import auth
-from fs3.rpc.native.sync_client import SyncNativeClient, SyncPool
+from fs3.rpc.native.sync_client import SyncNativeClient, SyncPool, sync_client
 from fs3.rpc.server import add_servicer, bind, create_server
 from fs3.security import keys
 from fs3.security.tokens import Signer
@@ -322,3 +322,34 @@ def test_a_forked_child_never_uses_the_parents_connection(server: Server) -> Non
         assert c.connects == 1 and c.call(LOOKUP, _lookup(b"ab"), timeout=5).attr.inode == 1002
     finally:
         c.close()
+
+
+def test_tls_over_tcp(bridge: Bridge, tmp_path: Path) -> None:
+    """With the cluster's CA the TCP connection is TLS (what sync_client() builds from a
+    credential naming a CA); a client that does not trust the server's CA cannot call."""
+    from fs3.security import tls
+
+    ca, _ = tls.ensure_ca(tmp_path / "tls")
+    cert, key = tls.issue(tmp_path / "tls", "node-1")
+    srv = Server(bridge, RpcSection(tls_cert=str(cert), tls_key=str(key)))
+    try:
+        cred = auth.Credential(tls_ca=str(ca))
+        c = sync_client(srv.address, RpcSection(unix_sockets=False), cred)
+        try:
+            assert c.ssl is not None
+            assert c.call(LOOKUP, _lookup(b"tls", parent=3), timeout=10).attr.inode == 3003
+            assert c.via == "tcp"
+        finally:
+            c.close()
+        other, _ = tls.ensure_ca(tmp_path / "other")
+        bad = sync_client(
+            srv.address, RpcSection(unix_sockets=False), auth.Credential(tls_ca=str(other))
+        )
+        try:
+            with pytest.raises(FsError) as ei:
+                bad.call(LOOKUP, _lookup(b"tls"), timeout=10)
+            assert ei.value.code == Code.UNAVAILABLE and "TLS" in ei.value.message
+        finally:
+            bad.close()
+    finally:
+        srv.stop()
