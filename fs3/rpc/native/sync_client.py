@@ -258,6 +258,13 @@ class SyncNativeClient:
         except OSError as e:
             self._drop(conn)
             raise _unavailable(self.address, f"{path}: {e}") from None
+        except FsError:
+            raise  # the server's answer: the connection is in step
+        except BaseException:
+            # interrupted (KeyboardInterrupt in a blocking receive): the answer may be
+            # half read, so the connection is out of step for good
+            self._drop(conn)
+            raise
 
     # ------------------------------------------------------------------ reading
 

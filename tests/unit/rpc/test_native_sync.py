@@ -353,3 +353,33 @@ def test_tls_over_tcp(bridge: Bridge, tmp_path: Path) -> None:
             bad.close()
     finally:
         srv.stop()
+
+
+def test_an_interrupted_call_drops_its_connection(server: Server) -> None:
+    """Ctrl-C in a blocking receive: the answer may come later or half read, so the
+    connection is never used again; the next call gets its own answer on a new one."""
+    import signal
+
+    c = _client(server, "unix")
+
+    def interrupt(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    # pytest-timeout's own alarm (signal method) is put back afterwards
+    prev_handler = signal.signal(signal.SIGALRM, interrupt)
+    prev_delay, t0 = signal.getitimer(signal.ITIMER_REAL)[0], time.monotonic()
+    try:
+        assert c.call(LOOKUP, _lookup(b"a"), timeout=5).attr.inode == 1001
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            c.call(LOOKUP, _lookup(b"slow"), timeout=5)
+        assert c.via == ""
+        assert c.call(LOOKUP, _lookup(b"abcd"), timeout=5).attr.inode == 1004
+        assert c.connects == 2
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, prev_handler)
+        if prev_delay > 0:
+            left = prev_delay - (time.monotonic() - t0)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 0.001))
+        c.close()
