@@ -115,7 +115,8 @@ class Client:
         cfg = core.config
         self._sync: SyncPool | None = None
         if cfg.client.sync_meta and cfg.rpc.transport == "native":
-            self._sync = SyncPool(cfg.rpc, core.credential)
+            # configured as the core's asyncio channels are (fs3.rpc.channel.ChannelPool)
+            self._sync = SyncPool(None, core.credential)
 
     # ------------------------------------------------------------------ lifecycle
 
