@@ -11,9 +11,9 @@ explicit read-conflict ranges), not just "one writer at a time":
 
 * A transaction reads through a deferred SQLite read transaction: the first read
   pins a WAL snapshot, whose *commit version* (a counter in ``kv_meta``) is read
-  with the first read that joins the conflict set, or at commit if it writes
-  (a transaction of snapshot reads only never needs it). Writes are buffered in the transaction object and merged into
-  its reads (read-your-writes).
+  with the first read that joins the conflict set, or at commit if it writes (a
+  transaction of snapshot reads only never needs it). Writes are buffered in the
+  transaction object and merged into its reads (read-your-writes).
 * Every commit bumps the version and records its write ranges in ``kv_log``.
 * At commit the buffered writes are applied under SQLite's write lock. Fast
   path: the read transaction upgrades in place, which WAL mode allows only if
