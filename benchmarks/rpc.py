@@ -361,17 +361,19 @@ def _feed(proto: Any, data: bytes) -> None:
     proto.buffer_updated(len(data))
 
 
-async def path_costs(n: int) -> tuple[float, float, float]:
+async def path_costs(n: int) -> tuple[float, float, float, float]:
     """CPU µs per call of the native server's and client's Python paths, no sockets.
 
     Server: a CALL frame of meta GetAttr fed from a loop callback, answered by a
     handler that returns a fixed message; then the same through the real meta
     servicer (MetaServicer over a MetaOperator on the memory KV: what the meta
-    process runs for GetAttr of the root). Client: a stub GetAttr whose CALL is
+    process of the sequential rows runs for GetAttr of the root; and on a SQLite
+    KV in a temporary directory, the default engine). Client: a stub GetAttr whose CALL is
     answered with a REPLY frame from a loop callback. Median of 5 rounds each;
     the loop's own cost of one callback and one wake-up per call is included.
     """
     from fs3.kv.memory import MemoryDatabase
+    from fs3.kv.sqlite import SqliteDatabase
     from fs3.meta.operator import MetaOperator
     from fs3.meta.service import MetaServicer
     from fs3.rpc.native import wire
@@ -428,6 +430,11 @@ async def path_costs(n: int) -> tuple[float, float, float]:
     server_us = await rounds(server_round)
     sconn, st = connection(MetaServicer(MetaOperator(MemoryDatabase())))
     meta_us = await rounds(server_round)
+    with tempfile.TemporaryDirectory(prefix="fs3-rpcpaths-") as tmp:
+        db = SqliteDatabase(str(Path(tmp) / "kv.db"))
+        sconn, st = connection(MetaServicer(MetaOperator(db)))
+        sqlite_us = await rounds(server_round)
+        db.close()
 
     channel = NativeChannel("127.0.0.1:1")
     cconn = ClientConnection(channel)
@@ -448,7 +455,7 @@ async def path_costs(n: int) -> tuple[float, float, float]:
             await stub.GetAttr(req, timeout=10)
 
     client_us = await rounds(client_round)
-    return server_us, meta_us, client_us
+    return server_us, meta_us, sqlite_us, client_us
 
 
 def growth(n: int, uds: bool) -> None:
@@ -552,11 +559,12 @@ def main() -> int:
     )
     args = ap.parse_args()
     if args.paths:
-        server_us, meta_us, client_us = run(path_costs(args.paths))
+        server_us, meta_us, sqlite_us, client_us = run(path_costs(args.paths))
         print(
             f"native paths (commit {_commit()}, in process, no sockets, load "
             f"{os.getloadavg()[0]:.1f}): server {server_us:.2f} µs/call (fixed answer), "
-            f"{meta_us:.2f} µs/call (meta servicer, memory KV), client {client_us:.2f} µs/call"
+            f"{meta_us:.2f} µs/call (meta servicer, memory KV), {sqlite_us:.2f} µs/call "
+            f"(meta servicer, SQLite KV), client {client_us:.2f} µs/call"
         )
         return 0
     if args.growth:
