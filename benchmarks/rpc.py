@@ -26,8 +26,14 @@ The sequential and 64-in-flight measurements run in ``--rounds`` rounds, each
 round measuring every transport one after the other (interleaved, so a change
 of machine load between two transports is as likely either way); the table
 gives each figure's median over the rounds, and "× grpc" is the median of the
-per-round ratios (each round's are printed below the table). The machine is
-shared, so run it several times and compare medians.
+per-round ratios (each round's figures are printed below the table: a round
+that is slower for every transport, the floor included, is the machine). The
+machine is shared, so run it several times and compare medians.
+
+Two other modes: ``--paths N`` times the Python side of one call in process
+(no sockets: framing alone, the meta servicer on the memory and the SQLite KV,
+the client), and ``--growth N [--uds]`` checks that nothing grows per call
+over N calls on one connection, with both ends in this process.
 """
 
 from __future__ import annotations
@@ -550,7 +556,7 @@ def main() -> int:
         metavar="N",
         help="only check that nothing grows per call: N GetAttr on one connection (--uds: Unix)",
     )
-    ap.add_argument("--uds", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--uds", action="store_true", help="with --growth: over the Unix socket")
     ap.add_argument(
         "--paths",
         type=int,
