@@ -26,8 +26,14 @@ The sequential and 64-in-flight measurements run in ``--rounds`` rounds, each
 round measuring every transport one after the other (interleaved, so a change
 of machine load between two transports is as likely either way); the table
 gives each figure's median over the rounds, and "× grpc" is the median of the
-per-round ratios (each round's are printed below the table). The machine is
-shared, so run it several times and compare medians.
+per-round ratios (each round's figures are printed below the table: a round
+that is slower for every transport, the floor included, is the machine). The
+machine is shared, so run it several times and compare medians.
+
+Two other modes: ``--paths N`` times the Python side of one call in process
+(no sockets: framing alone, the meta servicer on the memory and the SQLite KV,
+the client), and ``--growth N [--uds]`` checks that nothing grows per call
+over N calls on one connection, with both ends in this process.
 """
 
 from __future__ import annotations
@@ -361,14 +367,21 @@ def _feed(proto: Any, data: bytes) -> None:
     proto.buffer_updated(len(data))
 
 
-async def path_costs(n: int) -> tuple[float, float]:
+async def path_costs(n: int) -> tuple[float, float, float, float]:
     """CPU µs per call of the native server's and client's Python paths, no sockets.
 
     Server: a CALL frame of meta GetAttr fed from a loop callback, answered by a
-    handler that returns a fixed message. Client: a stub GetAttr whose CALL is
+    handler that returns a fixed message; then the same through the real meta
+    servicer (MetaServicer over a MetaOperator on the memory KV: what the meta
+    process of the sequential rows runs for GetAttr of the root; and on a SQLite
+    KV in a temporary directory, the default engine). Client: a stub GetAttr whose CALL is
     answered with a REPLY frame from a loop callback. Median of 5 rounds each;
     the loop's own cost of one callback and one wake-up per call is included.
     """
+    from fs3.kv.memory import MemoryDatabase
+    from fs3.kv.sqlite import SqliteDatabase
+    from fs3.meta.operator import MetaOperator
+    from fs3.meta.service import MetaServicer
     from fs3.rpc.native import wire
     from fs3.rpc.native.client import ClientConnection, NativeChannel
     from fs3.rpc.native.methods import BY_PATH
@@ -386,12 +399,16 @@ async def path_costs(n: int) -> tuple[float, float]:
         async def GetAttr(self, request: Any, context: Any) -> Any:
             return resp
 
-    server = NativeServer()
-    server.add_servicer("fs3.v1.MetaService", guard_servicer(Fixed()))
-    sconn = ServerConnection(server)
-    st = _PathTransport()
-    sconn.connection_made(st)
-    _feed(sconn, wire.PREFACE)
+    def connection(servicer: Any) -> tuple[ServerConnection, _PathTransport]:
+        server = NativeServer()
+        server.add_servicer("fs3.v1.MetaService", guard_servicer(servicer))
+        sconn = ServerConnection(server)
+        st = _PathTransport()
+        sconn.connection_made(st)
+        _feed(sconn, wire.PREFACE)
+        return sconn, st
+
+    sconn, st = connection(Fixed())
     body = req.SerializeToString()
 
     def rounds(fn: Any) -> Any:
@@ -417,6 +434,13 @@ async def path_costs(n: int) -> tuple[float, float]:
             await st.written
 
     server_us = await rounds(server_round)
+    sconn, st = connection(MetaServicer(MetaOperator(MemoryDatabase())))
+    meta_us = await rounds(server_round)
+    with tempfile.TemporaryDirectory(prefix="fs3-rpcpaths-") as tmp:
+        db = SqliteDatabase(str(Path(tmp) / "kv.db"))
+        sconn, st = connection(MetaServicer(MetaOperator(db)))
+        sqlite_us = await rounds(server_round)
+        db.close()
 
     channel = NativeChannel("127.0.0.1:1")
     cconn = ClientConnection(channel)
@@ -437,7 +461,82 @@ async def path_costs(n: int) -> tuple[float, float]:
             await stub.GetAttr(req, timeout=10)
 
     client_us = await rounds(client_round)
-    return server_us, client_us
+    return server_us, meta_us, sqlite_us, client_us
+
+
+def growth(n: int, uds: bool) -> None:
+    """Does anything grow per call? ``n`` sequential GetAttr on one native connection.
+
+    The meta servicer (memory KV) is served on a thread of this process so both
+    ends can be inspected: every fifth of the calls prints the number of objects
+    the collector tracks, the RSS, and the per-connection maps of the client
+    (pending calls, deadlines, destinations, streams) and the server (calls in
+    flight, their bytes) and the KV's transaction bookkeeping. A per-call leak
+    shows as a count that keeps rising.
+    """
+    import gc
+    import threading
+
+    from fs3.kv.memory import MemoryDatabase
+    from fs3.meta.operator import MetaOperator
+    from fs3.meta.service import MetaServicer
+    from fs3.rpc.server import add_servicer, bind, create_server
+
+    ready = threading.Event()
+    state: dict[str, Any] = {}
+
+    def serve() -> None:
+        async def main() -> None:
+            server = create_server()
+            svc = MetaServicer(MetaOperator(MemoryDatabase()))
+            add_servicer(server, meta_pb2_grpc.add_MetaServiceServicer_to_server, svc)
+            state["port"] = bind(server, "127.0.0.1", 0)
+            await server.start()
+            state.update(server=server, db=svc.op.db)
+            ready.set()
+            await asyncio.Event().wait()
+
+        run(main())
+
+    threading.Thread(target=serve, daemon=True).start()
+    ready.wait(60)
+
+    def rss_mib() -> float:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    async def calls() -> None:
+        settings.configure(RpcSection(unix_sockets=uds))
+        pool = ChannelPool("native")
+        ch = pool.get(f"127.0.0.1:{state['port']}")
+        stub = meta_pb2_grpc.MetaServiceStub(ch)
+        req = meta_pb2.GetAttrRequest(user=common_pb2.UserInfo(uid=0, gid=0), inode=1)
+        for _ in range(2000):
+            await stub.GetAttr(req, timeout=10)
+        gc.collect()
+        base = len(gc.get_objects())
+        print(
+            f"growth over {n} calls via {ch.via}: {base} objects, RSS {rss_mib():.1f} MiB at the start"
+        )
+        for seg in range(5):
+            t0 = time.perf_counter()
+            for _ in range(n // 5):
+                await stub.GetAttr(req, timeout=10)
+            c = ch._conn
+            sc = next(iter(state["server"].native._connections))
+            db = state["db"]
+            print(
+                f"  {(seg + 1) * (n // 5):>7} calls ({n // 5 / (time.perf_counter() - t0):,.0f}/s): "
+                f"objects {len(gc.get_objects()) - base:+d}, RSS {rss_mib():.1f} MiB; client "
+                f"pending {len(c._pending)} deadlines {len(c._deadlines)} dests {len(c._dests)} "
+                f"streams {len(c._streams)}; server calls {len(sc._calls)} bytes "
+                f"{sc._inflight_bytes}; kv active {len(db._active)} commits {len(db._commits)}"
+            )
+        await pool.close()
+
+    run(calls())
 
 
 def main() -> int:
@@ -452,6 +551,13 @@ def main() -> int:
     ap.add_argument("--plain-uds", help=argparse.SUPPRESS)
     ap.add_argument("--serve-floor", type=int, help=argparse.SUPPRESS)
     ap.add_argument(
+        "--growth",
+        type=int,
+        metavar="N",
+        help="only check that nothing grows per call: N GetAttr on one connection (--uds: Unix)",
+    )
+    ap.add_argument("--uds", action="store_true", help="with --growth: over the Unix socket")
+    ap.add_argument(
         "--paths",
         type=int,
         metavar="N",
@@ -459,12 +565,16 @@ def main() -> int:
     )
     args = ap.parse_args()
     if args.paths:
-        server_us, client_us = run(path_costs(args.paths))
+        server_us, meta_us, sqlite_us, client_us = run(path_costs(args.paths))
         print(
             f"native paths (commit {_commit()}, in process, no sockets, load "
-            f"{os.getloadavg()[0]:.1f}): server {server_us:.2f} µs/call, "
-            f"client {client_us:.2f} µs/call"
+            f"{os.getloadavg()[0]:.1f}): server {server_us:.2f} µs/call (fixed answer), "
+            f"{meta_us:.2f} µs/call (meta servicer, memory KV), {sqlite_us:.2f} µs/call "
+            f"(meta servicer, SQLite KV), client {client_us:.2f} µs/call"
         )
+        return 0
+    if args.growth:
+        growth(args.growth, args.uds)
         return 0
     if args.serve_bulk:
         serve_bulk(args.serve_bulk)
@@ -541,6 +651,7 @@ def main() -> int:
                     "cpu": median([x[1] for x in per]),
                     "scpu": median([x[2] for x in per]),
                     "ratios": [x[0] / g[0] for x, g in zip(per, seq["grpc"], strict=True)],
+                    "per": per,
                 }
                 if name in inflight:
                     rows[name]["inflight"] = median(inflight[name])
@@ -601,6 +712,14 @@ def main() -> int:
             w, rd = w + ")", rd + ")"
         lines.append(f"| {name} | {seq} | {ratio} | {cpu} | {scpu} | {infl} | {w} | {rd} |")
     lines.append("")
+    for name in names:
+        r = rows[name]
+        lines.append(
+            f"* {name}: sequential calls/s per round: "
+            + ", ".join(f"{x[0]:,.0f}" for x in r["per"])
+            + "; server CPU µs/call per round: "
+            + ", ".join(f"{x[2]:.0f}" for x in r["per"])
+        )
     for name in names[1:]:
         r = rows[name]
         per = ", ".join(f"{x:.1f}" for x in r["ratios"])

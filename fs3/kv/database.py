@@ -67,9 +67,11 @@ class Transaction(ABC):
         alike; engines implement :meth:`_get`.
         """
         self._check_open()
-        self.check_key(key)
+        if type(key) is not bytes or len(key) > MAX_KEY_SIZE:  # the usual case: nothing to do
+            self.check_key(key)
+            key = bytes(key)
         faults.maybe_fail("kv.get")
-        return self._get(bytes(key), snapshot=snapshot)
+        return self._get(key, snapshot=snapshot)
 
     @abstractmethod
     def _get(self, key: bytes, *, snapshot: bool) -> bytes | None:
@@ -174,7 +176,10 @@ class BufferedWritesTransaction(Transaction):
     cleared: list[tuple[bytes, bytes]]  # ranges cleared by this transaction
 
     def _cleared(self, key: bytes) -> bool:
-        return any(b <= key < e for b, e in self.cleared)
+        cleared = self.cleared
+        if not cleared:  # the usual case: no generator for nothing to search
+            return False
+        return any(b <= key < e for b, e in cleared)
 
     def set(self, key: bytes, value: bytes) -> None:
         self._check_open()

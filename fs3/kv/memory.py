@@ -181,6 +181,9 @@ class MemoryTransaction(BufferedWritesTransaction):
         self._check_open()
         faults.maybe_fail("kv.commit")
         self.done = True
+        if not self.writes and not self.cleared:
+            self.db._forget(self)  # read-only: nothing to check or apply
+            return
         # Writes of None (clear) are applied as single-key clears.
         clears = [k for k, v in self.writes.items() if v is None]
         for k in clears:

@@ -10,9 +10,10 @@ whole contract of ``fs3.kv.database`` (snapshot reads that do not conflict,
 explicit read-conflict ranges), not just "one writer at a time":
 
 * A transaction reads through a deferred SQLite read transaction: the first read
-  pins a WAL snapshot and the current *commit version* (a counter in
-  ``kv_meta``). Writes are buffered in the transaction object and merged into
-  its reads (read-your-writes).
+  pins a WAL snapshot, whose *commit version* (a counter in ``kv_meta``) is read
+  with the first read that joins the conflict set, or at commit if it writes (a
+  transaction of snapshot reads only never needs it). Writes are buffered in the
+  transaction object and merged into its reads (read-your-writes).
 * Every commit bumps the version and records its write ranges in ``kv_log``.
 * At commit the buffered writes are applied under SQLite's write lock. Fast
   path: the read transaction upgrades in place, which WAL mode allows only if
@@ -540,24 +541,41 @@ class SqliteTransaction(BufferedWritesTransaction):
         Transaction.check_key(end)
         return bytes(begin), bytes(end)
 
-    def _snapshot(self) -> sqlite3.Connection:
-        """The connection with our read transaction, pinning a snapshot on first use."""
-        if self._conn is None:
+    def _snapshot(self, *, version: bool = True) -> sqlite3.Connection:
+        """The connection with our read transaction, opened on first use.
+
+        The WAL snapshot is pinned by the transaction's first SELECT. The commit
+        version it holds is read with it when ``version`` (reads that join the
+        conflict set: commit checks them from that version on), else only when
+        needed (:meth:`_pin_version`): a read-only transaction of snapshot reads
+        never needs it, and a point read then costs its one SELECT. Read later in
+        the same SQLite read transaction, the version is the snapshot's all the same.
+        """
+        conn = self._conn
+        if conn is None:
             conn = self.db._acquire()
             try:
                 conn.execute("BEGIN")
-                row = conn.execute("SELECT version FROM kv_meta WHERE id = 0").fetchone()
             except sqlite3.Error as e:
                 self.db._release(conn)
                 raise _to_fserror(e, "begin read") from e
             self._conn = conn
-            self.read_version = int(row[0])
-        return self._conn
+        if version and self.read_version is None:
+            self._pin_version(conn)
+        return conn
+
+    def _pin_version(self, conn: sqlite3.Connection) -> None:
+        """Read the commit version of our snapshot (pinning the snapshot if no read did yet)."""
+        try:
+            row = conn.execute("SELECT version FROM kv_meta WHERE id = 0").fetchone()
+        except sqlite3.Error as e:
+            raise _to_fserror(e, "begin read") from e
+        self.read_version = int(row[0])
 
     # -- reads --------------------------------------------------------------------
 
     def _get(self, key: bytes, *, snapshot: bool) -> bytes | None:
-        conn = self._snapshot()
+        conn = self._snapshot(version=not snapshot)
         if not snapshot:
             self.read_ranges.append((key, key_after(key)))
         if key in self.writes:
@@ -593,7 +611,7 @@ class SqliteTransaction(BufferedWritesTransaction):
     def _get_range(
         self, begin: bytes, end: bytes, *, limit: int, reverse: bool, snapshot: bool
     ) -> list[KeyValue]:
-        conn = self._snapshot()
+        conn = self._snapshot(version=not snapshot)
         # Own writes in the range, in output order, merged with the stored rows.
         local = sorted(
             ((k, v) for k, v in self.writes.items() if begin <= k < end),
@@ -724,6 +742,14 @@ class SqliteTransaction(BufferedWritesTransaction):
             if conn is not None:
                 self.db._release(conn)
             return  # read-only: its snapshot was consistent; nothing to validate
+        if conn is not None and self.read_version is None:
+            # snapshot reads only so far: the version is needed now, before the commit
+            # moves it (_commit_alone) or the connection goes back to the pool (a batch)
+            try:
+                self._pin_version(conn)
+            except BaseException:
+                self.db._release(conn)
+                raise
         self.db._group_commit(self, conn)
 
     def cancel(self) -> None:

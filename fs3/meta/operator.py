@@ -32,7 +32,7 @@ from google.protobuf.message import Message
 
 from fs3.clock import Clock, SystemClock
 from fs3.config import MetaSection
-from fs3.errors import invalid, posix
+from fs3.errors import FsError, invalid, posix
 from fs3.kv import Database, Transaction
 from fs3.logs import event
 from fs3.meta import perms
@@ -128,9 +128,7 @@ class MetaOperator:
             event(log, "created root directory", inode=S.ROOT_INODE)
 
     def _ctx(self, user: common_pb2.UserInfo, new_ino: int = 0) -> OpCtx:
-        return OpCtx(
-            user=user, now_ns=self.now_ns(), cfg=self.cfg, place=self.placer.place, new_ino=new_ino
-        )
+        return OpCtx(user, self.now_ns(), self.cfg, self.placer.place, new_ino)
 
     @staticmethod
     def _check_request(req: Any, cls: type[Message]) -> None:
@@ -138,13 +136,9 @@ class MetaOperator:
             raise invalid(f"expected {cls.__name__}, got {type(req).__name__}")
         if not req.HasField("user"):  # type: ignore[attr-defined]
             raise invalid("user is required")
-        rid = getattr(req, "request_id", "")
-        if len(rid) > S.REQUEST_ID_MAX:
-            raise invalid(f"request_id longer than {S.REQUEST_ID_MAX} characters")
-        if len(getattr(req, "client_id", "")) > S.REQUEST_ID_MAX:
-            raise invalid(f"client_id longer than {S.REQUEST_ID_MAX} characters")
-        if len(getattr(req, "session_id", "")) > S.REQUEST_ID_MAX:
-            raise invalid(f"session_id longer than {S.REQUEST_ID_MAX} characters")
+        for name in _id_fields(cls):
+            if len(getattr(req, name)) > S.REQUEST_ID_MAX:
+                raise invalid(f"{name} longer than {S.REQUEST_ID_MAX} characters")
 
     def _read(self, op: Op, req: Any, cls: type[Message], *, max_retries: int = 100) -> Any:
         self._check_request(req, cls)
@@ -166,11 +160,30 @@ class MetaOperator:
         its event loop when the KV's reads are local (SQLite, memory): a read
         there costs tens of microseconds, less than the two thread hand-offs of
         ``asyncio.to_thread`` on a busy host.
+
+        It is :meth:`fs3.kv.Database.run` with no retry, spelled out: that
+        loop's deadline, backoff and closure are per-call work a single attempt
+        does not need (a retryable failure still counts in ``db.retries``).
         """
-        if method not in self.INLINE_READS:
+        entry = _READ_OPS.get(method)
+        if entry is None or method not in self.INLINE_READS:
             raise invalid(f"{method} is not an inline read")
-        op, cls = _READ_OPS[method]
-        return self._read(op, req, cls, max_retries=0)
+        op, cls = entry
+        self._check_request(req, cls)
+        db = self.db
+        tr = db.create_transaction()
+        try:
+            result = op(self._ctx(req.user), MetaTxn(tr), req)
+            tr.commit()
+        except FsError as e:
+            tr.cancel()
+            if e.retryable:
+                db.retries += 1
+            raise
+        except BaseException:
+            tr.cancel()
+            raise
+        return result
 
     def _write(
         self,
@@ -546,6 +559,24 @@ class MetaOperator:
             if len(rows) < batch:
                 return removed
             begin = rows[-1][0] + b"\x00"
+
+
+_ID_FIELDS: dict[type[Message], tuple[str, ...]] = {}
+
+
+def _id_fields(cls: type[Message]) -> tuple[str, ...]:
+    """The bounded id fields (request, client, session) that requests of ``cls`` have.
+
+    Looked up once per message class: ``getattr(req, name, "")`` on a field the
+    message lacks raises and catches an AttributeError inside protobuf, which
+    costs more than the whole check on every point read.
+    """
+    names = _ID_FIELDS.get(cls)
+    if names is None:
+        fields = cls.DESCRIPTOR.fields_by_name
+        names = tuple(n for n in ("request_id", "client_id", "session_id") if n in fields)
+        _ID_FIELDS[cls] = names
+    return names
 
 
 _READ_OPS: dict[str, tuple[Op, type[Message]]] = {

@@ -205,9 +205,16 @@ def is_lnk(attr: meta_pb2.Attr) -> bool:
 def public_attr(attr: meta_pb2.Attr) -> meta_pb2.Attr:
     """The Attr a client sees: stored fields plus derived ones (blocks, blksize)."""
     out = meta_pb2.Attr()
-    out.CopyFrom(attr)
-    out.blocks = (attr.size + 511) // 512 if stat.S_ISREG(attr.mode) else 0
-    out.blksize = (
-        attr.layout.chunk_size if stat.S_ISREG(attr.mode) and attr.layout.chunk_size else 4096
-    )
+    fill_public_attr(out, attr)
     return out
+
+
+def fill_public_attr(out: meta_pb2.Attr, attr: meta_pb2.Attr) -> None:
+    """:func:`public_attr` written into ``out`` (say a response's ``attr``): one copy, not two."""
+    out.CopyFrom(attr)
+    if stat.S_ISREG(attr.mode):
+        out.blocks = (attr.size + 511) // 512
+        out.blksize = attr.layout.chunk_size or 4096
+    else:
+        out.blocks = 0
+        out.blksize = 4096

@@ -72,8 +72,11 @@ class MetaTxn:
             raw_times = self.tr.get(S.dir_times_key(ino), snapshot=True)
             if raw_times is not None:
                 m, c = S.decode_times(raw_times)
-                node.attr.mtime.CopyFrom(S.timespec(m))
-                node.attr.ctime.CopyFrom(S.timespec(c))
+                # set in place (S.timespec's split): no Timespec built and copied per field
+                t = node.attr.mtime
+                t.sec, t.nsec = divmod(m, 1_000_000_000)
+                t = node.attr.ctime
+                t.sec, t.nsec = divmod(c, 1_000_000_000)
         self._cache[ino] = node
         return node
 

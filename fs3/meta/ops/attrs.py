@@ -74,9 +74,12 @@ def lookup_path(
 
 
 def getattr_(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.GetAttrRequest) -> meta_pb2.AttrResponse:
-    if req.inode == 0:
+    ino = req.inode
+    if ino == 0:
         raise posix(errno.EINVAL, "inode is required")
-    return meta_pb2.AttrResponse(attr=S.public_attr(tx.must(req.inode, snapshot=True).attr))
+    resp = meta_pb2.AttrResponse()
+    S.fill_public_attr(resp.attr, tx.must(ino, snapshot=True).attr)
+    return resp
 
 
 def access(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.AccessRequest) -> common_pb2.Empty:

@@ -113,6 +113,57 @@ def test_read_modify_write_waits_for_lock_then_detects_conflict(path: str) -> No
         assert db.run(lambda tr: tr.get(b"k")) == b"2"
 
 
+@pytest.mark.timeout(10)
+def test_snapshot_point_read_runs_one_select(path: str) -> None:
+    """A snapshot read leaves the commit version unread (it is not needed to commit nothing)."""
+    with SqliteDatabase(path) as db:
+        db.run(lambda tr: tr.set(b"k", b"v"))
+        statements: list[str] = []
+        for conn in db._pool:  # the transaction below borrows one of these
+            conn.set_trace_callback(statements.append)
+        tr = db.create_transaction()
+        assert tr.get(b"k", snapshot=True) == b"v"
+        tr.commit()
+        assert tr.read_version is None
+        assert statements == ["BEGIN", "SELECT v FROM kv WHERE k = x'6b'", "ROLLBACK"]
+        for conn in db._pool:
+            conn.set_trace_callback(None)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("later", ["get", "write"])
+def test_version_read_after_a_snapshot_read_is_the_snapshots(path: str, later: str) -> None:
+    """A transaction whose first reads were snapshot reads validates its conflict reads
+    (and its commit) from the version of the snapshot those pinned, not a later one."""
+    with SqliteDatabase(path) as db:
+        db.run(lambda tr: (tr.set(b"a", b"0"), tr.set(b"k", b"0")))
+        t1 = db.create_transaction()
+        assert t1.get(b"a", snapshot=True) == b"0"  # pins the snapshot, not the version
+        db.run(lambda tr: tr.set(b"k", b"2"))  # commits after t1's snapshot
+        if later == "get":
+            assert t1.get(b"k") == b"0"  # still the snapshot; joins the conflict set
+        else:
+            t1.add_read_conflict_range(b"k", b"l")
+        t1.set(b"mine", b"1")
+        with pytest.raises(FsError) as ei:
+            t1.commit()
+        assert ei.value.code == Code.KV_CONFLICT
+        assert db.run(lambda tr: tr.get(b"mine")) is None
+
+
+@pytest.mark.timeout(10)
+def test_snapshot_reads_then_a_write_commit_at_the_snapshots_version(path: str) -> None:
+    with SqliteDatabase(path) as db:
+        db.run(lambda tr: tr.set(b"a", b"0"))
+        t1 = db.create_transaction()
+        assert t1.get(b"a", snapshot=True) == b"0"
+        db.run(lambda tr: tr.set(b"b", b"1"))
+        t1.set(b"c", b"1")
+        t1.commit()  # snapshot reads conflict with nothing: the write lands
+        assert t1.read_version == 1  # its snapshot's, read at commit; "b" came with version 2
+        assert db.run(lambda tr: (tr.get(b"b"), tr.get(b"c"))) == (b"1", b"1")
+
+
 @pytest.mark.timeout(30)
 def test_transaction_older_than_the_commit_log_horizon_conflicts(path: str) -> None:
     with SqliteDatabase(path, max_txn_age_s=0.001) as db:

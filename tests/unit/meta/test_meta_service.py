@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 
 import pytest
 
@@ -111,3 +112,34 @@ def test_lookup_path_directories_keep_their_times() -> None:
     assert r.attrs[0].mtime == a_now.mtime and r.attrs[0].ctime == a_now.ctime
     assert r.attrs[1].mtime == b_now.mtime and r.attrs[1].ctime == b_now.ctime
     assert b_now.mtime.sec or b_now.mtime.nsec  # the times exist (not left out)
+
+
+def test_request_metrics_count_outcomes_and_latency() -> None:
+    """fs3_meta_requests_total and fs3_meta_request_seconds add up every live servicer."""
+    from prometheus_client import REGISTRY
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    ok0 = sample("fs3_meta_requests_total", method="getattr", outcome="ok")
+    enoent0 = sample("fs3_meta_requests_total", method="getattr", outcome="errno_2")
+    count0 = sample("fs3_meta_request_seconds_count", method="getattr")
+    inf0 = sample("fs3_meta_request_seconds_bucket", method="getattr", le="+Inf")
+    svcs = [MetaServicer(_op()), MetaServicer(_op())]
+
+    async def main() -> None:
+        for i in (0, 1, 0):
+            await svcs[i].GetAttr(meta_pb2.GetAttrRequest(user=ROOT, inode=1), None)
+        with pytest.raises(FsError):
+            await svcs[1].GetAttr(meta_pb2.GetAttrRequest(user=ROOT, inode=99), None)
+
+    asyncio.run(main())
+    assert sample("fs3_meta_requests_total", method="getattr", outcome="ok") == ok0 + 3
+    assert sample("fs3_meta_requests_total", method="getattr", outcome="errno_2") == enoent0 + 1
+    assert sample("fs3_meta_request_seconds_count", method="getattr") == count0 + 4
+    assert sample("fs3_meta_request_seconds_bucket", method="getattr", le="+Inf") == inf0 + 4
+    # a point read on the loop takes far less than the smallest bucket (5 ms)
+    assert sample("fs3_meta_request_seconds_bucket", method="getattr", le="0.005") >= 4
+    svcs.clear()
+    gc.collect()  # a servicer that is gone leaves the sums (its calls happened)
+    assert sample("fs3_meta_requests_total", method="getattr", outcome="ok") == ok0 + 3
