@@ -9,8 +9,8 @@ move many ``(file_offset, buffer)`` pieces with many I/Os in flight.
   FUSE mount whose USRBIO agent answers, bulk I/O goes through USRBIO rings
   (docs: ``fs3/usrbio/api.py``): a buffer obtained from :meth:`Store.alloc` is
   shared memory registered with the agent, so data moves with no copy (it
-  comes from the store's :class:`LoadPool` and is reused by a later load once
-  nothing views it); other buffers are staged through a registered buffer. Otherwise it uses
+  comes from the process's :class:`LoadPool` for the mount and is reused by a
+  later load, through any store, once nothing views it); other buffers are staged through a registered buffer. Otherwise it uses
   ``os.pwrite``/``os.preadv`` from a thread pool (they release the GIL), and
   :meth:`Store.alloc` lends memory of the process's :class:`HostArena`.
 * :class:`ClientStore` — an fs3 path through :class:`fs3.client.file_api.Client`
@@ -384,6 +384,10 @@ class BufferPool:
             self._all.remove(p)
         p.mem.close()  # a lent mapping's pages live on in its views
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -421,6 +425,34 @@ class LoadPool(BufferPool):
         from fs3.usrbio import Iov
 
         return Iov(self.mount, size)
+
+
+_load_pools: dict[tuple[int, str, int, int], LoadPool] = {}
+_load_pools_lock = threading.Lock()
+
+
+def load_pool(mount: str) -> LoadPool:
+    """The process's :class:`LoadPool` for the USRBIO agent of ``mount``, made on first use.
+
+    One per process and agent, not per store: a load through a store opened
+    for one call (:func:`fs3.ckpt.load`) reads into the Iov an earlier one
+    gave back instead of registering and faulting in fresh memory. A
+    restarted agent (a new socket) gets a new pool; the old one is closed.
+    A forked child gets its own (the parent's Iovs are the parent's).
+    """
+    from fs3.usrbio.shm import agent_socket_path
+
+    st = os.stat(agent_socket_path(mount))
+    key = (os.getpid(), mount, st.st_dev, st.st_ino)
+    with _load_pools_lock:
+        pool = _load_pools.get(key)
+        if pool is None or pool.closed:
+            for k in [k for k in _load_pools if k[0] != key[0] or k[1] == mount]:
+                old = _load_pools.pop(k)
+                if k[0] == key[0]:
+                    old.close()
+            pool = _load_pools[key] = LoadPool(mount)
+        return pool
 
 
 class _AnonBlock:
@@ -528,7 +560,7 @@ class PosixStore(Store):
         self.mount = mount
         self.kind = "usrbio" if mount else "posix"
         self._pool: ThreadPoolExecutor | None = None
-        self._loads: LoadPool | None = None  # Iovs that alloc hands out (zero-copy targets)
+        self._loads: LoadPool | None = None  # the process's Iovs for this mount (zero-copy)
         self._staging: Any = None
         self._staging_bytes = staging_bytes
         self._lock = threading.Lock()
@@ -544,8 +576,8 @@ class PosixStore(Store):
     def alloc(self, nbytes: int) -> memoryview:
         """On an fs3 mount: memory of a registered USRBIO Iov, so the agent reads into it directly.
 
-        The Iov comes from this store's :class:`LoadPool`: the first load of a
-        size maps a fresh one (its pages are faulted in while the data
+        The Iov comes from the process's :class:`LoadPool` for this mount
+        (:func:`load_pool`): the first load of a size maps a fresh one (its pages are faulted in while the data
         arrives); once every view of a buffer is gone, the Iov goes back to the
         pool and the next load of that size reads into memory that is already
         mapped, registered and faulted in (measured: fresh pages cost this VM
@@ -556,8 +588,8 @@ class PosixStore(Store):
         if self.mount is None or nbytes == 0 or nbytes > _shm_bytes(free=True) // 2:
             return super().alloc(nbytes)
         with self._lock:
-            if self._loads is None:
-                self._loads = LoadPool(self.mount)
+            if self._loads is None or self._loads.closed:
+                self._loads = load_pool(self.mount)
             pool = self._loads
         return pool.take(nbytes)
 
@@ -761,9 +793,7 @@ class PosixStore(Store):
         if self._staging is not None:
             self._staging.close()
             self._staging = None
-        if self._loads is not None:
-            self._loads.close()
-            self._loads = None
+        self._loads = None  # the process's pool outlives the store: later loads reuse its Iovs
 
 
 def _shm_bytes(*, free: bool) -> int:
