@@ -53,6 +53,7 @@ USRBIO read; async stall <= 1.5x the in-memory copy; incremental <= 15 % of full
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import platform
@@ -64,6 +65,7 @@ import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -233,6 +235,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         copy_all()
 
+        # reference, not judged: the same copy done the way a snapshot does it (memcpy split
+        # over as many threads as torch uses, GIL released), into the same preallocated tensors
+        nthreads = max(1, min(8, torch.get_num_threads()))
+        plan = [
+            (dst[k].data_ptr(), v.data_ptr(), v.numel() * v.element_size()) for k, v in sd.items()
+        ]
+        memcpy_pool = ThreadPoolExecutor(nthreads)
+
+        def memcpy_all() -> None:
+            share = -(-sum(n for _, _, n in plan) // nthreads)
+            parts: list[list[tuple[int, int, int]]] = [[]]
+            room = share
+            for d, src, n in plan:
+                while n:
+                    k = min(n, room)
+                    parts[-1].append((d, src, k))
+                    d, src, n, room = d + k, src + k, n - k, room - k
+                    if not room:
+                        parts.append([])
+                        room = share
+
+            def run(part: list[tuple[int, int, int]]) -> None:
+                for d, src, n in part:
+                    ctypes.memmove(d, src, n)
+
+            list(memcpy_pool.map(run, parts))
+
+        memcpy_all()
+
         # fs3.ckpt on the mount (USRBIO)
         root = os.path.join(mnt, "ckpt")
         c = ckpt.Checkpointer(root)
@@ -245,7 +276,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         assert c._prepared is not None
         # async: each save's stall right next to an in-memory copy of the same state dict;
         # round 1 is the checkpointer's (and the process's) first save
-        copies, stalls, totals, faults = [], [], [], []
+        copies, stalls, totals, faults, memcpys = [], [], [], [], []
         for r in range(rounds):
             say(f"fs3.ckpt async save {r + 1}/{rounds} (and the in-memory copy next to it)")
             f0 = minflt()
@@ -256,12 +287,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             h = c.save(sd, step=1 + r, asynchronous=True)
             stalls.append(time.perf_counter() - t0)
             faults.append((f1 - f0, minflt() - f1))
+            t, _ = timed(memcpy_all)  # after the stall: the judged pair stays adjacent
+            memcpys.append(t)
             st = h.wait()
             totals.append(time.perf_counter() - t0)
         row("fs3.ckpt save (async)", totals, st["bytes"], stall_s=median(stalls))
         res["memcopy_runs"], res["stall_runs"] = copies, stalls
         res["memcopy_s"], res["stall_s"] = median(copies), median(stalls)
         res["stall_faults"] = faults
+        res["memcpy_runs"] = memcpys
+        memcpy_pool.shutdown()
         assert c._snap is not None
         res["snapshot_huge_bytes"] = huge_bytes(c._snap.mem)
         say("fs3.ckpt sync save")
@@ -514,14 +549,28 @@ def render(res: dict[str, Any]) -> str:
         "Async saves: the stall (time until `save` returns) next to an in-memory copy of the same "
         "state dict (`Tensor.copy_` into preallocated tensors) just before it:",
         "",
-        "| round | in-memory copy (s) | stall (s) | ratio | page faults (copy / stall) |",
-        "|---:|---:|---:|---:|---:|",
+        "| round | in-memory copy (s) | stall (s) | ratio | page faults (copy / stall) "
+        "| reference: memcpy copy (s) | stall / memcpy copy |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for i, (cp, st) in enumerate(zip(res["memcopy_runs"], res["stall_runs"], strict=True)):
         fc, fs = res["stall_faults"][i]
-        lines.append(f"| {i + 1} | {cp:.3f} | {st:.3f} | {st / cp:.2f} | {fc} / {fs} |")
+        mc = res["memcpy_runs"][i]
+        lines.append(
+            f"| {i + 1} | {cp:.3f} | {st:.3f} | {st / cp:.2f} | {fc} / {fs} | {mc:.3f} "
+            f"| {st / mc:.2f} |"
+        )
+    mc = median(res["memcpy_runs"])
     lines.append(f"| median | {res['memcopy_s']:.3f} | {res['stall_s']:.3f} | "
-                 f"{res['stall_s'] / res['memcopy_s']:.2f} | |")  # fmt: skip
+                 f"{res['stall_s'] / res['memcopy_s']:.2f} | | {mc:.3f} | "
+                 f"{res['stall_s'] / mc:.2f} |")  # fmt: skip
+    lines += [
+        "",
+        "The judged baseline is `Tensor.copy_` (the in-memory copy above). The reference column "
+        "copies the same bytes into the same preallocated tensors the way a snapshot does "
+        "(`memcpy` split over as many threads as torch uses, GIL released), right after the "
+        "stall: the stall against it shows what is left once the copy method is the same.",
+    ]
     un = res["unprepared"]
     lines += [
         "",

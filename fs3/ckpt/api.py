@@ -309,16 +309,19 @@ def _host_address(x: Any) -> int | None:
     """The address of ``x``'s bytes if it is contiguous host memory a plain memcpy may read, else None."""
     if isinstance(x, np.ndarray):
         return int(x.ctypes.data) if x.flags["C_CONTIGUOUS"] else None
-    t = x.detach()
-    if (
-        t.device.type != "cpu"
-        or t.layout != buffers.torch.strided
-        or not t.is_contiguous()
-        or t.is_conj()  # lazy conjugate/negative views: copy_ resolves them, memcpy would not
-        or t.is_neg()
-    ):
-        return None
-    return int(t.data_ptr())
+    try:
+        t = x.detach()
+        if (
+            t.device.type != "cpu"
+            or t.layout != buffers.torch.strided
+            or not t.is_contiguous()
+            or t.is_conj()  # lazy conjugate/negative views: copy_ resolves them, memcpy would not
+            or t.is_neg()
+        ):
+            return None
+        return int(t.data_ptr())
+    except (RuntimeError, TypeError, AttributeError):
+        return None  # a tensor subclass without plain storage: copy_ knows how to read it
 
 
 class _Snapshot:
