@@ -15,17 +15,19 @@ is made; reused, with its per-tensor destination views, from save to save
 while the tensors keep their shapes; made ahead of the first save by
 :meth:`Checkpointer.prepare`), plus a copy of the few non-tensor values that
 are not immutable scalars. Host tensors are copied with ``memcpy`` on
-several threads with the GIL released. A background writer thread then pickles those values,
-computes the pieces to store (all tensors, or for a delta only the blocks
-that differ from the reference snapshot), CRC32Cs them, writes the rank's
-data file with many I/Os in flight, fsyncs it, publishes the rank's index
-atomically and — on rank 0, once every rank's index is there — the manifest
-and then the success marker. ``handle.wait()`` raises what went wrong; a
+several threads with the GIL released. A background writer thread then
+pickles those values, computes the pieces to store (all tensors, or for a
+delta only the blocks that differ from the reference snapshot), CRC32Cs
+them, writes the rank's data file with many I/Os in flight, fsyncs it,
+publishes the rank's index atomically and — on rank 0, once every rank's
+index is there — the manifest and then the success marker. ``handle.wait()`` raises what went wrong; a
 failure nobody waited for is raised by the next ``save``.
 
 How a load works. A full checkpoint of one rank is one read of its data file
-into one buffer (on an fs3 mount a fresh USRBIO Iov the agent reads into
-directly, several rings with many I/Os in flight); each tensor's CRC32C is
+into one buffer (on an fs3 mount a USRBIO Iov the agent reads into
+directly, several rings with many I/Os in flight; the Iov comes from the
+process's pool for the mount, reused once an earlier load's tensors are
+gone; elsewhere memory of the process's arena); each tensor's CRC32C is
 checked on another thread as soon as its bytes have arrived, and the tensors
 are views of that buffer. ``into=`` tensors, deltas and re-sharded loads
 read each piece into its destination (staged where it is not registered).
@@ -602,7 +604,7 @@ class Checkpointer:
 
         The first save of a layout otherwise maps and faults in a buffer as
         large as the state dict inside the caller's stall (fresh memory cost
-        this VM 0.2-2.9 s per GiB, several times the copy itself:
+        this VM 0.2-5 s per GiB, up to several times the copy itself:
         benchmarks/results). Call this once the model is built (training
         steps run meanwhile); a save of the same layout then only copies, and
         waits for the rest of the preparation if it is still running. The
