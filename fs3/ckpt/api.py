@@ -10,20 +10,24 @@
 
 How a save works. The caller's thread only *snapshots*: one copy per tensor
 into one host buffer laid out exactly like the data file (pinned for CUDA,
-else process memory in huge pages, populated when it is made; reused, with
-its per-tensor destination views, from save to save while the tensors keep
-their shapes), plus a copy of the few non-tensor values that are not
-immutable scalars. A background writer thread then pickles those values,
-computes the pieces to store (all tensors, or for a delta only the blocks
-that differ from the reference snapshot), CRC32Cs them, writes the rank's
-data file with many I/Os in flight, fsyncs it, publishes the rank's index
-atomically and — on rank 0, once every rank's index is there — the manifest
-and then the success marker. ``handle.wait()`` raises what went wrong; a
+else memory of the process's huge-page arena, every page faulted in when it
+is made; reused, with its per-tensor destination views, from save to save
+while the tensors keep their shapes; made ahead of the first save by
+:meth:`Checkpointer.prepare`), plus a copy of the few non-tensor values that
+are not immutable scalars. Host tensors are copied with ``memcpy`` on
+several threads with the GIL released. A background writer thread then
+pickles those values, computes the pieces to store (all tensors, or for a
+delta only the blocks that differ from the reference snapshot), CRC32Cs
+them, writes the rank's data file with many I/Os in flight, fsyncs it,
+publishes the rank's index atomically and — on rank 0, once every rank's
+index is there — the manifest and then the success marker. ``handle.wait()`` raises what went wrong; a
 failure nobody waited for is raised by the next ``save``.
 
 How a load works. A full checkpoint of one rank is one read of its data file
-into one buffer (on an fs3 mount a fresh USRBIO Iov the agent reads into
-directly, several rings with many I/Os in flight); each tensor's CRC32C is
+into one buffer (on an fs3 mount a USRBIO Iov the agent reads into
+directly, several rings with many I/Os in flight; the Iov comes from the
+process's pool for the mount, reused once an earlier load's tensors are
+gone; elsewhere memory of the process's arena); each tensor's CRC32C is
 checked on another thread as soon as its bytes have arrived, and the tensors
 are views of that buffer. ``into=`` tensors, deltas and re-sharded loads
 read each piece into its destination (staged where it is not registered).
@@ -51,6 +55,7 @@ import base64
 import builtins
 import collections
 import copy
+import ctypes
 import io
 import json
 import os
@@ -58,7 +63,7 @@ import pickle
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -73,7 +78,7 @@ from fs3.ckpt.datafile import (
     read_verified,
     write_items,
 )
-from fs3.ckpt.store import Segment, Store, anon_memory, open_store
+from fs3.ckpt.store import Segment, Store, host_arena, open_store, populate_range
 
 # --------------------------------------------------------------------------- policies
 
@@ -292,6 +297,35 @@ def _describe(items: list[tuple[str, Any]], mode: str, rank: int) -> list[_Tenso
     return out
 
 
+_COPY_MIN = 8 << 20  # below this many bytes a snapshot copies on the caller's thread alone
+
+
+def _copy_threads() -> int:
+    """Threads a snapshot copies with: torch's intra-op thread count (what ``copy_`` uses), <= 8."""
+    torch = buffers.torch
+    n = torch.get_num_threads() if torch is not None else (os.cpu_count() or 1)
+    return max(1, min(8, n))
+
+
+def _host_address(x: Any) -> int | None:
+    """The address of ``x``'s bytes if it is contiguous host memory a plain memcpy may read, else None."""
+    if isinstance(x, np.ndarray):
+        return int(x.ctypes.data) if x.flags["C_CONTIGUOUS"] else None
+    try:
+        t = x.detach()
+        if (
+            t.device.type != "cpu"
+            or t.layout != buffers.torch.strided
+            or not t.is_contiguous()
+            or t.is_conj()  # lazy conjugate/negative views: copy_ resolves them, memcpy would not
+            or t.is_neg()
+        ):
+            return None
+        return int(t.data_ptr())
+    except (RuntimeError, TypeError, AttributeError):
+        return None  # a tensor subclass without plain storage: copy_ knows how to read it
+
+
 class _Snapshot:
     """The reusable host buffer of one state-dict layout, with a destination per tensor.
 
@@ -299,17 +333,26 @@ class _Snapshot:
     The per-tensor destinations (tensors/arrays over the buffer) are built
     once, so a snapshot is nothing but one copy per tensor: pinned memory when
     CUDA is present (device-to-host copies run asynchronously into it), else
-    populated process memory.
+    memory of the process's :class:`~fs3.ckpt.store.HostArena` (huge pages,
+    every page faulted in here, reused from an earlier snapshot or load when
+    one was given back), which goes back to the arena when the snapshot is
+    dropped.
     """
 
-    def __init__(self, tensors: list[_Tensor], total: int) -> None:
+    def __init__(self, tensors: list[_Tensor], total: int, *, populate: bool = True) -> None:
         torch = buffers.torch
         self.cuda = torch is not None and torch.cuda.is_available()
+        # False: the first take faults the pages in, each copy thread its own range
+        self.faulted = populate or self.cuda or not total
         if self.cuda:
             t = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=True)
             self.mem = memoryview(cast(Any, t.numpy())).cast("B")[:total]
+        elif total:
+            self.mem = host_arena().take(total, populate=populate)
         else:
-            self.mem = anon_memory(total, populate=True)
+            self.mem = memoryview(b"")
+        self.base = int(np.frombuffer(self.mem, dtype=np.uint8).ctypes.data) if total else 0
+        self.tensors = tensors
         self.dsts: list[Any] = [self._dst(t) for t in tensors]
 
     def _dst(self, t: _Tensor) -> Any:
@@ -325,19 +368,83 @@ class _Snapshot:
             )
         return np.frombuffer(mv, dtype=np.dtype(t.dtype)).reshape(t.local_shape)
 
-    def take(self, srcs: list[Any]) -> None:
-        """Copy every source tensor into its place (the caller's stall: nothing else happens here)."""
-        for dst, x in zip(self.dsts, srcs, strict=True):
+    def take(
+        self, srcs: list[Any], pool: ThreadPoolExecutor | None = None, workers: int = 0
+    ) -> None:
+        """Copy every source tensor into its place (the caller's stall: nothing else happens here).
+
+        Contiguous host tensors are copied with ``memcpy`` (glibc streams large
+        copies past the cache, measured 1.4x ``Tensor.copy_`` here) split into
+        equal byte ranges over the caller and ``workers`` threads of ``pool``, GIL released;
+        the rest (device, strided or lazily conjugated tensors) with
+        ``copy_``, which converts them.
+        """
+        plain: list[tuple[int, int, int]] = []  # (dst address, src address, bytes)
+        other: list[tuple[Any, Any]] = []
+        for t, dst, x in zip(self.tensors, self.dsts, srcs, strict=True):
             if dst is None:
                 continue
             if isinstance(x, Shard):
                 x = x.tensor
+            addr = _host_address(x)
+            if addr is None:
+                other.append((dst, x))
+            else:
+                plain.append((self.base + t.off, addr, t.nbytes))
+        total = sum(n for _, _, n in plain)
+        nthreads = 1 if pool is None or total < _COPY_MIN else workers + 1
+        share = -(-total // nthreads)
+        parts: list[list[tuple[int, int, int]]] = [[]]
+        room = share
+        for d, src, n in plain:
+            while n:
+                k = min(n, room)
+                parts[-1].append((d, src, k))
+                d, src, n, room = d + k, src + k, n - k, room - k
+                if not room:
+                    parts.append([])
+                    room = share
+        fault = not self.faulted
+        futs = [pool.submit(_memmoves, part, fault) for part in parts[1:] if part] if pool else []
+        try:
+            _memmoves(parts[0], fault)
+        finally:
+            for f in futs:
+                f.result()
+        self.faulted = True
+        for dst, x in other:
             if isinstance(x, np.ndarray):
                 np.copyto(dst, x)
             else:
                 dst.copy_(x.detach(), non_blocking=self.cuda)
-        if self.cuda and any(not isinstance(x, np.ndarray) for x in srcs):
+        if self.cuda and other:
             buffers.torch.cuda.synchronize()
+
+
+def _layout_of(tensors: list[_Tensor]) -> tuple[Any, ...]:
+    """What a snapshot buffer and its views depend on: same key, same buffer."""
+    return tuple((t.name, t.dtype, t.fw, t.shape, t.local_shape, t.toff) for t in tensors)
+
+
+def _chain_done(src: Future[Any], dst: Future[None]) -> None:
+    exc = src.exception()
+    if exc is not None:
+        dst.set_exception(exc)
+    else:
+        dst.set_result(None)
+
+
+def _memmoves(part: list[tuple[int, int, int]], fault: bool = False) -> None:
+    """Copy each ``(dst, src, n)``; ``fault``: first fault in the destination range in one call.
+
+    A fresh buffer's pages are mapped (and zeroed by the kernel) by every copy
+    thread for its own range at once, rather than by one thread before the
+    copy or a trap per page during it.
+    """
+    if fault and part:
+        populate_range(part[0][0], part[-1][0] + part[-1][2] - part[0][0])
+    for d, s, n in part:
+        ctypes.memmove(d, s, n)
 
 
 # --------------------------------------------------------------------------- handle
@@ -416,6 +523,10 @@ class Checkpointer:
         self._ref: _Snapshot | None = None  # reference snapshot for deltas (same layout)
         self._ref_step: int | None = None
         self._since_full = 0
+        # a snapshot buffer being made ahead of the first save (prepare): (layout key, future)
+        self._prepared: tuple[tuple[Any, ...], Future[_Snapshot]] | None = None
+        self._copy_workers = _copy_threads() - 1
+        self._copiers: ThreadPoolExecutor | None = None
         # a hook for crash tests: called with (phase, step) before each durable step
         self._phase_hook: Any = None
 
@@ -446,11 +557,15 @@ class Checkpointer:
         layout.step_dir(step)  # validates the range
         skel, items = _flatten(state_dict, freeze=True)
         tensors = _describe(items, self.mode, self.rank)
-        key = tuple((t.name, t.dtype, t.fw, t.shape, t.local_shape, t.toff) for t in tensors)
+        key = _layout_of(tensors)
         total = (tensors[-1].off + tensors[-1].nbytes) if tensors else 0
         if key != self._layout_key or self._snap is None:
             self._snap = None  # drop the old layout's buffer before mapping the new one
-            self._snap = _Snapshot(tensors, total)
+            prep, self._prepared = self._prepared, None
+            if prep is not None and prep[0] == key:
+                self._snap = prep[1].result()  # made by prepare(): waits only for what is left
+            else:
+                self._snap = _Snapshot(tensors, total, populate=False)  # faulted in by take
             self._ref, self._ref_step, self._layout_key = None, None, key
         pol = self.policy
         kind, base = "full", None
@@ -459,7 +574,11 @@ class Checkpointer:
                 kind = "diff" if isinstance(pol, Differential) else "incr"
                 base = self._ref_step
         byname = dict(items)
-        self._snap.take([byname[t.name] for t in tensors])
+        if self._copiers is None and self._copy_workers:
+            self._copiers = ThreadPoolExecutor(
+                self._copy_workers, thread_name_prefix="fs3-ckpt-copy"
+            )
+        self._snap.take([byname[t.name] for t in tensors], self._copiers, self._copy_workers)
         stall = time.perf_counter() - t0
         # everything else (pickling the non-tensor skeleton, CRCs, I/O) is the writer's
         job = dict(step=step, kind=kind, base=base, tensors=tensors, total=total, skel=skel)
@@ -479,6 +598,48 @@ class Checkpointer:
             self._run_job(fut, job)
             h.wait()
         return h
+
+    def prepare(self, state_dict: Any) -> Future[None]:
+        """Make the snapshot buffer for ``state_dict``'s layout now, on a background thread.
+
+        The first save of a layout otherwise maps and faults in a buffer as
+        large as the state dict inside the caller's stall (fresh memory cost
+        this VM 0.2-5 s per GiB, up to several times the copy itself:
+        benchmarks/results). Call this once the model is built (training
+        steps run meanwhile); a save of the same layout then only copies, and
+        waits for the rest of the preparation if it is still running. The
+        returned future is done when the buffer is ready (its error, if any,
+        is raised there and by that save). Nothing is prepared if the layout's
+        buffer already exists.
+        """
+        if self._closed:
+            raise ValueError("checkpointer is closed")
+        _, items = _flatten(state_dict)
+        tensors = _describe(items, self.mode, self.rank)
+        key = _layout_of(tensors)
+        total = (tensors[-1].off + tensors[-1].nbytes) if tensors else 0
+        done: Future[None] = Future()
+        if (key == self._layout_key and self._snap is not None) or (
+            self._prepared is not None and self._prepared[0] == key
+        ):
+            prep = self._prepared
+            if prep is not None and prep[0] == key:
+                prep[1].add_done_callback(lambda f: _chain_done(f, done))
+            else:
+                done.set_result(None)
+            return done
+        made: Future[_Snapshot] = Future()
+
+        def run() -> None:
+            try:
+                made.set_result(_Snapshot(tensors, total))
+            except BaseException as e:  # noqa: BLE001 - raised by the save that wants it
+                made.set_exception(e)
+
+        made.add_done_callback(lambda f: _chain_done(f, done))
+        self._prepared = (key, made)
+        threading.Thread(target=run, name=f"fs3-ckpt-prepare-{self.rank}", daemon=True).start()
+        return done
 
     def _writer_loop(self) -> None:
         while True:
@@ -682,7 +843,13 @@ class Checkpointer:
         if self._writer is not None:
             self._writer.join()
             self._writer = None
-        self._snap = self._ref = None
+        prep, self._prepared = self._prepared, None
+        if prep is not None:
+            prep[1].exception()  # its thread ends; the buffer goes back to the arena unused
+        if self._copiers is not None:
+            self._copiers.shutdown(wait=True)
+            self._copiers = None
+        self._snap = self._ref = None  # the buffers go back to the process's arena
         self.store.close()
 
     def __enter__(self) -> Checkpointer:

@@ -9,9 +9,10 @@ move many ``(file_offset, buffer)`` pieces with many I/Os in flight.
   FUSE mount whose USRBIO agent answers, bulk I/O goes through USRBIO rings
   (docs: ``fs3/usrbio/api.py``): a buffer obtained from :meth:`Store.alloc` is
   shared memory registered with the agent, so data moves with no copy (it
-  comes from the store's :class:`LoadPool` and is reused by a later load once
-  nothing views it); other buffers are staged through a registered buffer. Otherwise it uses
-  ``os.pwrite``/``os.preadv`` from a thread pool (they release the GIL).
+  comes from the process's :class:`LoadPool` for the mount and is reused by a
+  later load, through any store, once nothing views it); other buffers are staged through a registered buffer. Otherwise it uses
+  ``os.pwrite``/``os.preadv`` from a thread pool (they release the GIL), and
+  :meth:`Store.alloc` lends memory of the process's :class:`HostArena`.
 * :class:`ClientStore` — an fs3 path through :class:`fs3.client.file_api.Client`
   (no mount needed): the asyncio core's ``write``/``readinto`` run concurrently
   on the client's bridge loop.
@@ -73,30 +74,62 @@ def _addr(mv: memoryview) -> int:
 
 
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14 (Python 3.11's mmap module does not name it)
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
-def anon_memory(nbytes: int, *, populate: bool) -> memoryview:
-    """Anonymous process memory of ``nbytes``, in transparent huge pages where the kernel allows.
+def anon_mmap(nbytes: int) -> mmap.mmap:
+    """A private anonymous mapping of ``nbytes``, in transparent huge pages where the kernel allows.
 
     Huge pages make a GiB 512 page faults instead of 262144 (each costs
-    microseconds on a virtual machine) and spare the TLB during copies.
-    ``populate``: map every page now, in one call (a snapshot buffer must not
-    fault while the caller waits for the copy into it); otherwise pages
-    appear on first write.
+    microseconds on a virtual machine) and spare the TLB during copies. Where
+    THP is off or unsupported the advice fails and the mapping keeps 4 KiB
+    pages (:func:`huge_bytes` says which it got).
     """
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-    mm = mmap.mmap(-1, max(nbytes, 1), flags=flags)
+    mm = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
         mm.madvise(mmap.MADV_HUGEPAGE)
     except (AttributeError, OSError):
         pass  # no THP here: 4 KiB pages
-    if populate:
-        try:
-            mm.madvise(_MADV_POPULATE_WRITE)
-        except OSError:  # an older kernel: populate at mmap time instead
-            mm.close()
-            mm = mmap.mmap(-1, max(nbytes, 1), flags=flags | getattr(mmap, "MAP_POPULATE", 0))
-    return memoryview(mm)[:nbytes]
+    return mm
+
+
+def populate_memory(buf: memoryview, step: int = 0) -> bool:
+    """Fault in every page of ``buf`` writable, without changing its bytes (``step``: per call).
+
+    One ``madvise(MADV_POPULATE_WRITE)`` maps the pages without a trap per
+    page; on a page already there it does nothing (a reused buffer costs a
+    page-table walk). False where the kernel lacks it: then pages are faulted
+    in on first write, as without this call.
+    """
+    return populate_range(_addr(buf), len(buf), step) if len(buf) else True
+
+
+def populate_range(addr: int, n: int, step: int = 0) -> bool:
+    """:func:`populate_memory` of the ``n`` bytes at ``addr`` (memory of this process)."""
+    page = mmap.PAGESIZE
+    lo, hi = addr // page * page, addr + n
+    step = step or hi - lo
+    for a in range(lo, hi, step):
+        if _libc.madvise(
+            ctypes.c_void_p(a), ctypes.c_size_t(min(step, hi - a)), _MADV_POPULATE_WRITE
+        ):
+            return False
+    return True
+
+
+def huge_bytes(buf: memoryview) -> int:
+    """Bytes of the mapping holding ``buf`` that are in transparent huge pages (``AnonHugePages``)."""
+    addr = _addr(buf)
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(None, 1)[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "AnonHugePages:":
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def memmove(dst: memoryview, src: memoryview) -> None:
@@ -122,11 +155,11 @@ class Store:
     def alloc(self, nbytes: int) -> memoryview:
         """A host buffer of ``nbytes`` that this store's bulk I/O fills or drains with no copy if it can.
 
-        Views of it (``buf[a:b]``, tensors over them) keep the memory; a
-        store that pools such buffers reuses one only after it and every view
-        of it are gone.
+        Views of it (``buf[a:b]``, tensors over them) keep the memory; pooled
+        memory (here the process's :class:`HostArena`, which snapshots share)
+        is reused only after the buffer and every view of it are gone.
         """
-        return anon_memory(nbytes, populate=False)
+        return host_arena().take(nbytes) if nbytes else memoryview(b"")
 
     def write_segments(
         self, rel: str, segs: Sequence[Segment], *, size: int, inflight: int = INFLIGHT
@@ -200,103 +233,115 @@ def _io_error(rel: str, write: bool, want: int, result: int) -> OSError:
     return _short(rel, want, result)
 
 
-# --------------------------------------------------------------------------- pooled load buffers
+# --------------------------------------------------------------------------- pooled buffers
 
 POOL_IDLE_S = 30.0  # an idle pooled buffer is unmapped after this long without a load
 POOL_IDLE_MAX = 2  # idle pooled buffers kept at most (the most recently returned)
-_POOL_GRAIN = 2 << 20  # pooled Iov sizes are multiples of this, so similar sizes share one
+# pooled sizes are multiples of this (a huge page), so similar sizes share one mapping
+_POOL_GRAIN = 2 << 20
 
 
 class _Pooled:
-    """One Iov of a :class:`LoadPool`: lent out (its memory is some load's tensors) or idle."""
+    """One mapping of a :class:`BufferPool`: lent out (its memory is some caller's tensors) or idle.
 
-    __slots__ = ("base", "idle_since", "iov", "lent")
+    ``mem`` is the mapping: an object with ``buf`` (a writable memoryview of
+    all of it), ``size``, ``closed`` and ``close()`` (a USRBIO Iov, or
+    :class:`_AnonBlock`).
+    """
 
-    def __init__(self, iov: Any) -> None:
-        self.iov = iov
-        self.base = _addr(iov.buf)
+    __slots__ = ("base", "idle_since", "lent", "mem")
+
+    def __init__(self, mem: Any) -> None:
+        self.mem = mem
+        self.base = _addr(mem.buf)
         self.lent = False
         self.idle_since = 0.0
 
 
-class LoadPool:
-    """Registered USRBIO Iovs that loads read into and hand out as tensors, reused across loads.
+class BufferPool:
+    """Mappings lent as buffers and reused once the buffer and every view of it are gone.
 
-    :meth:`take` lends ``nbytes`` of an Iov as a buffer; the tensors a load
-    builds are views of it. When the buffer and every view of it are gone
-    (tracked with :func:`weakref.finalize` on the buffer's owner, so any thread
-    may drop the last view) the Iov becomes idle and the next :meth:`take` of a
-    similar size reuses it: no new mapping, registration or page faults. An
-    Iov is never lent twice at once, so a caller's tensors are never
-    overwritten by a later load. Idle Iovs are bounded (``idle_max`` of them,
-    ``idle_bytes`` in all) and unmapped after ``idle_s`` seconds, so a process
-    that loaded once does not keep the memory. :meth:`close` unmaps the idle
-    ones and deregisters lent ones, whose memory stays while their views do.
+    :meth:`take` lends ``nbytes`` of a mapping; the caller's tensors are views
+    of it. When the buffer and every view of it are gone (tracked with
+    :func:`weakref.finalize` on the buffer's owner, so any thread may drop the
+    last view) the mapping becomes idle and the next :meth:`take` of a similar
+    size reuses it: no new mapping, registration or page faults (fresh pages
+    cost this VM about as much CPU as reading the data into them,
+    benchmarks/results). A mapping is never lent twice at once, so a caller's
+    tensors are never overwritten by a later user. Idle mappings are bounded
+    (``idle_max`` of them, ``idle_bytes`` in all) and unmapped after
+    ``idle_s`` seconds, so a process that used one once does not keep the
+    memory. :meth:`close` unmaps the idle ones and closes lent ones, whose
+    memory stays while their views do. Subclasses say how a mapping is made.
     """
 
     def __init__(
         self,
-        mount: str,
         *,
         idle_s: float = POOL_IDLE_S,
         idle_max: int = POOL_IDLE_MAX,
-        idle_bytes: int | None = None,
+        idle_bytes: int,
     ) -> None:
-        self.mount = mount
         self.idle_s = idle_s
         self.idle_max = idle_max
-        # idle memory is RAM (tmpfs) that nobody uses: at most a quarter of /dev/shm
-        self.idle_bytes = _shm_bytes(free=False) // 4 if idle_bytes is None else idle_bytes
+        self.idle_bytes = idle_bytes
         self._all: list[_Pooled] = []
         self._lock = threading.RLock()  # the return callback may run inside a locked section (gc)
         self._closed = False
         self._timer: threading.Timer | None = None
 
-    def take(self, nbytes: int) -> memoryview:
-        """``nbytes`` (> 0) of writable registered memory, exclusively the caller's while it is used."""
-        from fs3.usrbio import Iov
+    def _make(self, size: int) -> Any:
+        raise NotImplementedError
 
+    def take(self, nbytes: int, *, populate: bool = False) -> memoryview:
+        """``nbytes`` (> 0) of writable memory, exclusively the caller's while it is used.
+
+        ``populate``: every page is faulted in before this returns (a reused
+        mapping already is, so it costs a page-table walk).
+        """
         want = -(-nbytes // _POOL_GRAIN) * _POOL_GRAIN
         with self._lock:
             while True:
                 if self._closed:
-                    raise ValueError("load pool is closed")
-                fits = [q for q in self._all if not q.lent and want <= q.iov.size <= want * 9 // 8]
-                p = min(fits, key=lambda q: q.iov.size) if fits else None
+                    raise ValueError("buffer pool is closed")
+                fits = [q for q in self._all if not q.lent and want <= q.mem.size <= want * 9 // 8]
+                p = min(fits, key=lambda q: q.mem.size) if fits else None
                 if p is None:
-                    p = _Pooled(Iov(self.mount, want))
+                    p = _Pooled(self._make(want))
                     self._all.append(p)
                 p.lent = True
                 # a buffer given back meanwhile (a gc pass inside this section runs its
-                # finalizer here) may have trimmed the idle Iov picked: pick again
-                if p in self._all and not p.iov.closed:
+                # finalizer here) may have trimmed the idle mapping picked: pick again
+                if p in self._all and not p.mem.closed:
                     break
             try:
                 # the owner object: its life is the life of every view handed out from it
-                owner = (ctypes.c_ubyte * nbytes).from_buffer(p.iov.buf[:nbytes])
+                owner = (ctypes.c_ubyte * nbytes).from_buffer(p.mem.buf[:nbytes])
             except BaseException:
                 p.lent = False
                 raise
         weakref.finalize(owner, self._give_back, p)
+        if populate:
+            populate_memory(p.mem.buf)
         return memoryview(owner).cast("B")
 
     def find(self, addr: int, length: int) -> tuple[Any, int] | None:
-        """The Iov holding ``[addr, addr + length)`` and the offset there, or None."""
+        """The mapping holding ``[addr, addr + length)`` and the offset there, or None."""
         for p in tuple(self._all):
-            if p.base <= addr and addr + length <= p.base + p.iov.size:
-                return p.iov, addr - p.base
+            if p.base <= addr and addr + length <= p.base + p.mem.size:
+                return p.mem, addr - p.base
         return None
 
     def sizes(self) -> tuple[list[int], list[int]]:
-        """Sizes of the (lent, idle) Iovs."""
+        """Sizes of the (lent, idle) mappings."""
         with self._lock:
-            return ([p.iov.size for p in self._all if p.lent],
-                    [p.iov.size for p in self._all if not p.lent])  # fmt: skip
+            return ([p.mem.size for p in self._all if p.lent],
+                    [p.mem.size for p in self._all if not p.lent])  # fmt: skip
 
     def _give_back(self, p: _Pooled) -> None:
         with self._lock:
             p.lent = False
-            if self._closed or p.iov.closed:
+            if self._closed or p.mem.closed:
                 self._drop(p)
                 return
             p.idle_since = time.monotonic()
@@ -304,10 +349,10 @@ class LoadPool:
             idle = sorted((q for q in self._all if not q.lent), key=lambda q: -q.idle_since)
             kept = held = 0
             for q in idle:
-                if kept >= self.idle_max or held + q.iov.size > self.idle_bytes:
+                if kept >= self.idle_max or held + q.mem.size > self.idle_bytes:
                     self._drop(q)
                 else:
-                    kept, held = kept + 1, held + q.iov.size
+                    kept, held = kept + 1, held + q.mem.size
             self._schedule(self.idle_s)
 
     def _schedule(self, delay: float) -> None:
@@ -326,7 +371,7 @@ class LoadPool:
                 self._schedule(max(0.0, min(idle) + self.idle_s - time.monotonic()))
 
     def expire(self) -> int:
-        """Unmap the Iovs idle for ``idle_s`` or longer; returns how many."""
+        """Unmap the mappings idle for ``idle_s`` or longer; returns how many."""
         now = time.monotonic()
         with self._lock:
             old = [p for p in self._all if not p.lent and now - p.idle_since >= self.idle_s]
@@ -337,7 +382,11 @@ class LoadPool:
     def _drop(self, p: _Pooled) -> None:
         if p in self._all:
             self._all.remove(p)
-        p.iov.close()  # deregisters and unlinks; a lent Iov's pages live on in its views
+        p.mem.close()  # a lent mapping's pages live on in its views
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def close(self) -> None:
         with self._lock:
@@ -347,6 +396,125 @@ class LoadPool:
                 self._timer = None
             for p in list(self._all):
                 self._drop(p)
+
+
+class LoadPool(BufferPool):
+    """Registered USRBIO Iovs that loads read into and hand out as tensors (see :class:`BufferPool`).
+
+    Closing an Iov deregisters and unlinks it; a lent one's pages stay while
+    its views do.
+    """
+
+    def __init__(
+        self,
+        mount: str,
+        *,
+        idle_s: float = POOL_IDLE_S,
+        idle_max: int = POOL_IDLE_MAX,
+        idle_bytes: int | None = None,
+    ) -> None:
+        self.mount = mount
+        # idle memory is RAM (tmpfs) that nobody uses: at most a quarter of /dev/shm
+        super().__init__(
+            idle_s=idle_s,
+            idle_max=idle_max,
+            idle_bytes=_shm_bytes(free=False) // 4 if idle_bytes is None else idle_bytes,
+        )
+
+    def _make(self, size: int) -> Any:
+        from fs3.usrbio import Iov
+
+        return Iov(self.mount, size)
+
+
+_load_pools: dict[tuple[int, str, int, int], LoadPool] = {}
+_load_pools_lock = threading.Lock()
+
+
+def load_pool(mount: str) -> LoadPool:
+    """The process's :class:`LoadPool` for the USRBIO agent of ``mount``, made on first use.
+
+    One per process and agent, not per store: a load through a store opened
+    for one call (:func:`fs3.ckpt.load`) reads into the Iov an earlier one
+    gave back instead of registering and faulting in fresh memory. A
+    restarted agent (a new socket) gets a new pool; the old one is closed.
+    A forked child gets its own (the parent's Iovs are the parent's).
+    """
+    from fs3.usrbio.shm import agent_socket_path
+
+    st = os.stat(agent_socket_path(mount))
+    key = (os.getpid(), mount, st.st_dev, st.st_ino)
+    with _load_pools_lock:
+        pool = _load_pools.get(key)
+        if pool is None or pool.closed:
+            for k in [k for k in _load_pools if k[0] != key[0] or k[1] == mount]:
+                old = _load_pools.pop(k)
+                if k[0] == key[0]:
+                    old.close()
+            pool = _load_pools[key] = LoadPool(mount)
+        return pool
+
+
+class _AnonBlock:
+    """Anonymous process memory (huge pages where allowed) with the interface a pool needs."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._mm = anon_mmap(size)
+        self.buf: memoryview = memoryview(self._mm)
+        self.closed = False
+
+    def close(self) -> None:
+        """Unmap now if nothing views the memory, else when the last view goes."""
+        self.closed = True
+        try:
+            self.buf.release()
+        except BufferError:
+            pass
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # views remain: the mapping is freed with the last of them
+
+
+class HostArena(BufferPool):
+    """Process memory in transparent huge pages, lent and reused (see :class:`BufferPool`).
+
+    Snapshot buffers of every :class:`fs3.ckpt.Checkpointer` and the loads
+    of stores without registered memory take their memory here, so a process
+    that loads a checkpoint, drops it and then saves (a resumed job) snapshots
+    into pages it already has. Idle memory is bounded by a quarter of RAM.
+    """
+
+    def __init__(
+        self,
+        *,
+        idle_s: float = POOL_IDLE_S,
+        idle_max: int = POOL_IDLE_MAX,
+        idle_bytes: int | None = None,
+    ) -> None:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        super().__init__(
+            idle_s=idle_s,
+            idle_max=idle_max,
+            idle_bytes=ram // 4 if idle_bytes is None else idle_bytes,
+        )
+
+    def _make(self, size: int) -> Any:
+        return _AnonBlock(size)
+
+
+_arena: tuple[int, HostArena] | None = None
+_arena_lock = threading.Lock()
+
+
+def host_arena() -> HostArena:
+    """The process's :class:`HostArena` (a forked child gets its own)."""
+    global _arena
+    with _arena_lock:
+        if _arena is None or _arena[0] != os.getpid():
+            _arena = (os.getpid(), HostArena())
+        return _arena[1]
 
 
 # --------------------------------------------------------------------------- POSIX (+ USRBIO)
@@ -392,7 +560,7 @@ class PosixStore(Store):
         self.mount = mount
         self.kind = "usrbio" if mount else "posix"
         self._pool: ThreadPoolExecutor | None = None
-        self._loads: LoadPool | None = None  # Iovs that alloc hands out (zero-copy targets)
+        self._loads: LoadPool | None = None  # the process's Iovs for this mount (zero-copy)
         self._staging: Any = None
         self._staging_bytes = staging_bytes
         self._lock = threading.Lock()
@@ -408,8 +576,8 @@ class PosixStore(Store):
     def alloc(self, nbytes: int) -> memoryview:
         """On an fs3 mount: memory of a registered USRBIO Iov, so the agent reads into it directly.
 
-        The Iov comes from this store's :class:`LoadPool`: the first load of a
-        size maps a fresh one (its pages are faulted in while the data
+        The Iov comes from the process's :class:`LoadPool` for this mount
+        (:func:`load_pool`): the first load of a size maps a fresh one (its pages are faulted in while the data
         arrives); once every view of a buffer is gone, the Iov goes back to the
         pool and the next load of that size reads into memory that is already
         mapped, registered and faulted in (measured: fresh pages cost this VM
@@ -420,8 +588,8 @@ class PosixStore(Store):
         if self.mount is None or nbytes == 0 or nbytes > _shm_bytes(free=True) // 2:
             return super().alloc(nbytes)
         with self._lock:
-            if self._loads is None:
-                self._loads = LoadPool(self.mount)
+            if self._loads is None or self._loads.closed:
+                self._loads = load_pool(self.mount)
             pool = self._loads
         return pool.take(nbytes)
 
@@ -625,9 +793,7 @@ class PosixStore(Store):
         if self._staging is not None:
             self._staging.close()
             self._staging = None
-        if self._loads is not None:
-            self._loads.close()
-            self._loads = None
+        self._loads = None  # the process's pool outlives the store: later loads reuse its Iovs
 
 
 def _shm_bytes(*, free: bool) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import os
 import subprocess
@@ -24,7 +25,15 @@ from fuse_helpers import fresh_dir, needs_fuse  # noqa: E402 - after register_as
 
 import fs3.ckpt as ckpt  # noqa: E402
 from fs3.ckpt import layout  # noqa: E402
-from fs3.ckpt.store import IO_BYTES, ClientStore, LoadPool, PosixStore, Segment  # noqa: E402
+from fs3.ckpt.store import (  # noqa: E402
+    IO_BYTES,
+    POOL_IDLE_S,
+    ClientStore,
+    LoadPool,
+    PosixStore,
+    Segment,
+    load_pool,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -200,29 +209,43 @@ def test_usrbio_load_pool_reuses_memory_only_once_released(fuse_cluster: Process
     c.save(sd2, step=2).wait()
     a = c.load(1)
     pool = c.store._loads
-    assert pool is not None
+    assert pool is not None and pool is load_pool(c.store.mount)  # the process's, per mount
+    gc.collect()  # earlier tests' loads held only by garbage cycles: given back now, not mid-test
+    lent_before = len(pool.sizes()[0]) - 1  # other tests' loads still alive, if any
+    pool.idle_s = 0.0
+    pool.expire()  # other tests' idle Iovs: this test counts its own
+    pool.idle_s = POOL_IDLE_S
     ra = _region_of(a["layers"]["0"])
     # while ``a`` lives its memory is never lent again: a second load gets other memory
     b = c.load(2)
     rb = _region_of(b["layers"]["0"])
-    assert ra != rb and len(pool.sizes()[0]) == 2
+    assert ra != rb and len(pool.sizes()[0]) == lent_before + 2
     _same(sd1, a)
     _same(sd2, b)
     # one tensor alone keeps its load's memory lent (the views share one owner)
     keep = a["layers"]["3"]
     del a
-    assert len(pool.sizes()[0]) == 2
+    assert len(pool.sizes()[0]) == lent_before + 2
     del keep, b  # the last views: both Iovs go back to the pool, idle (no gc pass needed)
     lent, idle = pool.sizes()
-    assert not lent and len(idle) == 2
+    assert len(lent) == lent_before and len(idle) == 2
     # the next load reads into one of them: no new mapping, and the data is the new one
     again = c.load(2)
     assert _region_of(again["layers"]["0"]) in (ra, rb)
     _same(sd2, again)
     assert len(pool.sizes()[1]) == 1
+    # a load through a store of its own (module-level load) uses the same pool
+    del again
+    once = ckpt.load(str(d), 1)
+    assert _region_of(once["layers"]["0"]) in (ra, rb)
+    _same(sd1, once)
+    del once
+    again = c.load(2)
     # idle Iovs are unmapped once idle for idle_s
     pool.idle_s = 0.0
-    assert pool.expire() == 1 and len(pool.sizes()[0]) == 1 and pool.sizes()[1] == []
+    assert pool.expire() == 1 and len(pool.sizes()[0]) == lent_before + 1
+    assert pool.sizes()[1] == []
+    pool.idle_s = POOL_IDLE_S
     # ... by the pool's own timer, when no load comes
     p2 = LoadPool(c.store.mount, idle_s=0.2)
     buf = p2.take(3 << 20)
@@ -243,11 +266,17 @@ def test_usrbio_load_pool_reuses_memory_only_once_released(fuse_cluster: Process
     del big  # 4 MiB idle alone is past the cap: unmapped
     assert p3.sizes() == ([], [2 << 20])
     p3.close()
-    # closing the store deregisters the lent Iov; the tensors keep their memory
+    # the pool outlives the store; closing it deregisters the lent Iov, the tensors keep their memory
     c.close()
+    assert len(pool.sizes()[0]) == lent_before + 1
+    pool.close()
     assert pool.sizes() == ([], [])
     _same(sd2, again)
     again["layers"]["0"].add_(1)
+    # the next store gets a new pool for the mount
+    c = ckpt.Checkpointer(str(d))
+    _same(sd1, c.load(1))
+    assert c.store._loads is not pool and c.store._loads is load_pool(c.store.mount)
     c.close()
 
 
