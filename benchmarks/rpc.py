@@ -464,17 +464,11 @@ async def path_costs(n: int) -> tuple[float, float, float, float]:
     return server_us, meta_us, sqlite_us, client_us
 
 
-def growth(n: int, uds: bool) -> None:
-    """Does anything grow per call? ``n`` sequential GetAttr on one native connection.
+def serve_meta_thread() -> dict[str, Any]:
+    """The meta servicer (memory KV) served natively on a daemon thread of this process.
 
-    The meta servicer (memory KV) is served on a thread of this process so both
-    ends can be inspected: every fifth of the calls prints the number of objects
-    the collector tracks, the RSS, and the per-connection maps of the client
-    (pending calls, deadlines, destinations, streams) and the server (calls in
-    flight, their bytes) and the KV's transaction bookkeeping. A per-call leak
-    shows as a count that keeps rising.
+    Returns ``port``, ``server`` and ``db`` (the KV) once it listens.
     """
-    import gc
     import threading
 
     from fs3.kv.memory import MemoryDatabase
@@ -499,7 +493,24 @@ def growth(n: int, uds: bool) -> None:
         run(main())
 
     threading.Thread(target=serve, daemon=True).start()
-    ready.wait(60)
+    if not ready.wait(60):
+        raise SystemExit("meta server thread did not start")
+    return state
+
+
+def growth(n: int, uds: bool) -> None:
+    """Does anything grow per call? ``n`` sequential GetAttr on one native connection.
+
+    The meta servicer (memory KV) is served on a thread of this process so both
+    ends can be inspected: every fifth of the calls prints the number of objects
+    the collector tracks, the RSS, and the per-connection maps of the client
+    (pending calls, deadlines, destinations, streams) and the server (calls in
+    flight, their bytes) and the KV's transaction bookkeeping. A per-call leak
+    shows as a count that keeps rising.
+    """
+    import gc
+
+    state = serve_meta_thread()
 
     def rss_mib() -> float:
         for line in Path("/proc/self/status").read_text().splitlines():

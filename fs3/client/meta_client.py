@@ -20,7 +20,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from fs3.client.retry import Deadline, RetryPolicy, retrying
@@ -79,29 +79,46 @@ class MetaClient:
         self._current: str | None = None
         self._failed: dict[str, float] = {}
         self._stubs: dict[str, meta_pb2_grpc.MetaServiceStub] = {}
+        # (routing, its server list): rebuilt only when routing is replaced (it is
+        # immutable and swapped whole), one attribute so other threads
+        # (:meth:`call_now`) always read a matching pair
+        self._server_list: tuple[Routing | None, tuple[str, ...]] = (None, ())
+        # native channels raise FsError themselves (fs3.rpc.channel.call maps only
+        # grpc's errors), so their stubs are awaited directly: one frame less per call
+        self._direct = pool.carries_payload
         self.failovers = 0  # how often the client switched server (tests, metrics)
 
     # ------------------------------------------------------------------ servers
 
     def servers(self) -> list[str]:
         """Known meta addresses: online META nodes of routing, then static ones."""
+        return list(self._servers())
+
+    def _servers(self) -> tuple[str, ...]:
+        """:meth:`servers`, computed once per routing object (routing changes replace it)."""
         r = self._routing()
-        addrs = [
+        cached_for, addrs = self._server_list
+        if cached_for is r:
+            return addrs
+        online = [
             n.address
             for n in r.nodes(mgmtd_pb2.NODE_TYPE_META)
             if n.address and n.status != mgmtd_pb2.NODE_STATUS_OFFLINE
         ]
         for a in self._static:
-            if a not in addrs:
-                addrs.append(a)
-        if not addrs:  # nothing online: try offline-marked ones too (mgmtd may lag)
-            addrs = [n.address for n in r.nodes(mgmtd_pb2.NODE_TYPE_META) if n.address]
+            if a not in online:
+                online.append(a)
+        if not online:  # nothing online: try offline-marked ones too (mgmtd may lag)
+            online = [n.address for n in r.nodes(mgmtd_pb2.NODE_TYPE_META) if n.address]
+        addrs = tuple(online)
+        self._server_list = (r, addrs)
         return addrs
 
     def _choose(self) -> str:
-        addrs = self.servers()
-        if self._current in addrs:
-            return self._current  # type: ignore[return-value]
+        addrs = self._servers()
+        current = self._current
+        if current is not None and current in addrs:
+            return current
         now = time.monotonic()
         healthy = [a for a in addrs if self._failed.get(a, 0.0) <= now]
         pick_from = healthy or addrs
@@ -109,6 +126,11 @@ class MetaClient:
             raise FsError(Code.UNAVAILABLE, "no meta server known (routing lists none)")
         self._current = self._rng.choice(pick_from)
         return self._current
+
+    async def _choose_after_refresh(self) -> str:
+        """:meth:`_choose` once more after fetching routing (no server was known)."""
+        await self._refresh_quietly()
+        return self._choose()
 
     def _mark_failed(self, address: str) -> None:
         self._failed[address] = time.monotonic() + FAILED_SERVER_COOLDOWN_S
@@ -131,34 +153,92 @@ class MetaClient:
 
         Raises the server's ``FsError`` for permanent failures (POSIX errno etc.)
         and the last transient error once the deadline has passed.
+
+        Every FUSE op pays this once per meta call, so the first attempt runs
+        inline with no deadline object, closures or message strings (one float
+        is the deadline). Only a retryable failure builds them and continues
+        in :func:`fs3.client.retry.retrying` as attempt 2 (:meth:`_retry`), with
+        the deadline counted from here, so the policy is the one retry loop's.
         """
         policy = self._policy
         if deadline_s is not None:
             policy = RetryPolicy(
                 deadline_s, policy.initial_backoff_s, policy.max_backoff_s, policy.rpc_timeout_s
             )
-        overall = Deadline(policy.deadline_s)
-        used: dict[str, str] = {}
-
-        async def attempt(_n: int) -> Any:
+        end = time.monotonic() + policy.deadline_s
+        address: str | None = None
+        try:
             try:
                 address = self._choose()
             except FsError:
-                await self._refresh_quietly()
+                address = await self._choose_after_refresh()
+            return await self._start(method, request, address, policy, end)
+        except FsError as e:
+            if not e.retryable:
+                raise
+            first = e
+        return await self._retry(method, request, policy, end, first, address)
+
+    def _start(
+        self, method: str, request: Any, address: str, policy: RetryPolicy, end: float
+    ) -> Awaitable[Any]:
+        """One attempt on ``address``, started: the caller awaits it.
+
+        A plain function returning the call's awaitable (on a live native
+        connection, that connection's own coroutine), so an attempt adds no
+        coroutine frame of its own.
+        """
+        stub = self._stubs.get(address) or self._stub(address)
+        rpc_timeout = policy.rpc_timeout_s
+        remaining = end - time.monotonic()
+        # max(0.05, min(rpc_timeout_s, time left)): an attempt never outlives the deadline
+        if not 0.05 <= rpc_timeout <= remaining:
+            rpc_timeout = max(0.05, min(rpc_timeout, remaining))
+        if self._direct:
+            return getattr(stub, method)(request, timeout=rpc_timeout)  # type: ignore[no-any-return]
+        return call(
+            getattr(stub, method), request, timeout=rpc_timeout, what=f"meta.{method}@{address}"
+        )
+
+    async def _retry(
+        self,
+        method: str,
+        request: Any,
+        policy: RetryPolicy,
+        end: float,
+        first: FsError,
+        first_address: str | None,
+    ) -> Any:
+        """Attempts 2.. of :meth:`call` after its first one failed with ``first``.
+
+        ``retrying`` sees attempt 1 fail with ``first`` (so failover, backoff and
+        the give-up message are exactly those of a loop that ran it), under the
+        deadline that started with the call.
+        """
+        overall = Deadline(policy.deadline_s)
+        overall.end = end
+        used = {"address": first_address}
+
+        async def attempt(n: int) -> Any:
+            if n == 1:
+                raise first
+            try:
                 address = self._choose()
+            except FsError:
+                address = await self._choose_after_refresh()
             used["address"] = address
-            fn = getattr(self._stub(address), method)
-            timeout = max(0.05, min(policy.rpc_timeout_s, overall.remaining()))
-            return await call(fn, request, timeout=timeout, what=f"meta.{method}@{address}")
+            return await self._start(method, request, address, policy, overall.end)
 
         async def on_error(err: FsError, _n: int) -> None:
             address = used.get("address")
             if err.code in _SERVER_DOWN and address:
                 self._mark_failed(address)
-                if len(self.servers()) <= 1:
+                if len(self._servers()) <= 1:
                     await self._refresh_quietly()
 
-        return await retrying(attempt, policy, what=f"meta.{method}", on_error=on_error)
+        return await retrying(
+            attempt, policy, what=f"meta.{method}", on_error=on_error, deadline=overall
+        )
 
     def call_now(self, method: str, request: Any, pool: SyncPool) -> Any:
         """One attempt of :meth:`call` from the calling thread, on that thread's own

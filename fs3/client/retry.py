@@ -75,15 +75,18 @@ async def retrying(
     on_error: Callable[[FsError, int], Awaitable[None]] | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     clock: Callable[[], float] = time.monotonic,
+    deadline: Deadline | None = None,
 ) -> T:
     """Run ``fn(attempt)`` until it succeeds, fails permanently, or the deadline passes.
 
     ``on_error(err, attempt)`` runs after each retryable failure before the
     backoff (refresh routing, switch server...). When the deadline expires the
     last error is raised (with its own code, so a caller still sees why), or a
-    ``TIMEOUT`` if the budget was already used up.
+    ``TIMEOUT`` if the budget was already used up. ``deadline``: one that started
+    earlier (the caller's first attempt ran before this loop); default: from now.
     """
-    deadline = Deadline(policy.deadline_s, clock)
+    if deadline is None:
+        deadline = Deadline(policy.deadline_s, clock)
     attempt = 0
     while True:
         attempt += 1
