@@ -557,9 +557,21 @@ class Replicator:
                 eng.prepare(p, prepare_cv)
             return p
 
-        loop = asyncio.get_running_loop()
+        job = self.executor.submit(work)
+        fut = asyncio.wrap_future(job)
         try:
-            return await loop.run_in_executor(self.executor, work)
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            # Never abandon a running stage (the caller holds the chunk lock until it
+            # ends): left alone it would set its update pending after a retry and later
+            # writes committed, and the chunk's next update would re-drive it, bringing
+            # back bytes older than an acknowledged write. One not started yet is dropped.
+            if not job.cancel():
+                await asyncio.wait([fut])
+                err = None if fut.cancelled() else fut.exception()
+                if isinstance(err, FsError):
+                    self.note_disk_error(fn, err)
+            raise
         except FsError as e:
             self.note_disk_error(fn, e)
             raise
