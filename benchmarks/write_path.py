@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--size", default="1G", help="seq_write file size")
     p.add_argument("--ckpt-size", default="256M", help="per checkpoint job (4 jobs)")
-    p.add_argument("--transport", default="shm", choices=["grpc", "tcp", "shm"])
+    p.add_argument("--transport", default="shm", choices=["auto", "grpc", "tcp", "shm"])
     p.add_argument("--workloads", default="seq_write,ckpt_write")
     p.add_argument("--workdir", help="scratch dir on the measured disk (default: temp in /var/tmp)")
     p.add_argument("--py-spy", dest="py_spy", help="directory for py-spy profiles of run 1")
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                             spy.append(
                                 subprocess.Popen(
                                     [
-                                        str(ROOT / ".venv" / "bin" / "py-spy"),
+                                        str(Path(sys.executable).parent / "py-spy"),
                                         "record",
                                         "--pid",
                                         str(pids[role]),

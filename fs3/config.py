@@ -139,7 +139,7 @@ class MgmtdSection:
 class MetaSection:
     """Metadata service behaviour."""
 
-    default_chunk_size: int = 1 << 20  # bytes; power of two
+    default_chunk_size: int = 4 << 20  # bytes; power of two (why 4 MiB: docs/configuration.md)
     default_stripe: int = 4  # chains per file
     default_chain_table: int = 1
     inode_batch: int = 1024  # inode ids reserved per allocation

@@ -1649,8 +1649,12 @@ class AsyncClient:
             req.has_length_hint = True
             req.length_hint = end
             req.truncate_version = fh.truncate_version
-        if fh.write_mtime_ns:
-            # Overwrites do not change the length; the report carries their mtime.
+        if fh.write_mtime_ns and not self.write_behind.unsettled_by(fh):
+            # Overwrites do not change the length; the report carries their mtime, but
+            # only once they are on storage: a mount keeps its cached pages while the
+            # file's (size, mtime) is what it saw at open (fs3/fuse/ops.py), so an
+            # mtime announced early would let it cache the old bytes under the new
+            # mtime and keep serving them after the write is acknowledged.
             req.mtime.CopyFrom(_ts(fh.write_mtime_ns))
 
     async def _report(self, fh: FileHandle) -> None:
@@ -1664,8 +1668,9 @@ class AsyncClient:
             session_id=fh.session_id,
         )
         self._hint(fh, req)
-        fh.dirty = False
-        mtime = fh.write_mtime_ns
+        mtime = fh.write_mtime_ns if req.HasField("mtime") else 0
+        # an mtime held back (its write is not on storage yet) is reported later
+        fh.dirty = bool(fh.write_mtime_ns) and not mtime
         try:
             r = await self.meta.call("Sync", req)
         except BaseException:
@@ -1673,7 +1678,7 @@ class AsyncClient:
             raise
         fh.last_report = time.monotonic()
         fh.known_length = max(fh.known_length, int(r.attr.size))
-        if fh.write_mtime_ns == mtime:
+        if mtime and fh.write_mtime_ns == mtime:
             fh.write_mtime_ns = 0
 
     async def _close_session(self, fh: FileHandle, *, with_hint: bool) -> None:

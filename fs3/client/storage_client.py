@@ -64,6 +64,7 @@ from fs3.transport.base import (
     is_inline,
     scatter_views,
 )
+from fs3.transport.shm import regions_lost
 
 log = logging.getLogger("fs3.client.storage")
 
@@ -749,6 +750,7 @@ class StorageClient:
                         payload=bulk,
                     )
                 except FsError as e:
+                    e = regions_lost(self.transport, node.address, e)
                     raise self._cap_refused(inode, token, e, n) from None
                 finally:
                     await _settle(sent)

@@ -51,10 +51,11 @@ OnError = Callable[["FileHandle", FsError], None]
 
 @dataclass(eq=False)
 class _Flight:
-    """A buffer being written: its file range and task."""
+    """A buffer being written: its file range, the handle that wrote it, and its task."""
 
     start: int
     end: int
+    owner: FileHandle
     task: asyncio.Task[None]
 
 
@@ -72,7 +73,8 @@ class _Inode:
     since: float = 0.0  # monotonic time of the buffer's first byte
     timer: asyncio.TimerHandle | None = None  # the age check of the open buffer
     flights: list[_Flight] = field(default_factory=list)
-    sending: list[int] = field(default_factory=list)  # starts of buffers waiting for a slot
+    # (start, handle) of buffers waiting for a slot
+    sending: list[tuple[int, FileHandle]] = field(default_factory=list)
     users: int = 0  # write()/settle() calls holding this state (it must not be dropped meanwhile)
 
     @property
@@ -122,10 +124,27 @@ class WriteBehind:
         st = self._inodes.get(inode)
         if st is None:
             return None
-        starts = [f.start for f in st.flights] + st.sending
+        starts = [f.start for f in st.flights] + [s for s, _ in st.sending]
         if st.used:
             starts.append(st.off)
         return min(starts) if starts else None
+
+    def unsettled_by(self, fh: FileHandle) -> bool:
+        """True while a write made through ``fh`` is buffered or in flight (not on storage).
+
+        Why: the handle's mtime must not reach meta before its data reaches storage
+        (``AsyncClient._hint``): a mount that keeps its page cache while the file's
+        (size, mtime) is unchanged would cache the old bytes under the new mtime and
+        keep serving them after the write is acknowledged.
+        """
+        st = self._inodes.get(fh.inode)
+        if st is None:
+            return False
+        return (
+            (st.used > 0 and st.owner is fh)
+            or any(o is fh for _, o in st.sending)
+            or any(f.owner is fh for f in st.flights)
+        )
 
     # ------------------------------------------------------------------ writing
 
@@ -184,7 +203,8 @@ class WriteBehind:
         fh, start, data, release = st.owner, st.off, st.buf[: st.used], st.release
         end = start + st.used
         st.buf, st.release, st.used, st.owner = None, None, 0, None
-        st.sending.append(start)  # still unsettled while it waits (busy, unsettled_from)
+        sending = (start, fh)
+        st.sending.append(sending)  # still unsettled while it waits (busy, unsettled_from)
         try:
             while any(f.start < end and start < f.end for f in st.flights):
                 await asyncio.wait([f.task for f in st.flights if f.start < end and start < f.end])
@@ -199,9 +219,9 @@ class WriteBehind:
             )
             raise
         finally:
-            st.sending.remove(start)
+            st.sending.remove(sending)
         task = asyncio.get_running_loop().create_task(self._run(st, fh, start, data, release))
-        flight = _Flight(start, end, task)
+        flight = _Flight(start, end, fh, task)
         st.flights.append(flight)
         self._tasks.add(task)
         task.add_done_callback(lambda t: self._landed(st, flight, t))

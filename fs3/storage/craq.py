@@ -49,6 +49,7 @@ from fs3.storage import metrics as M
 from fs3.storage.chunk_engine import ChunkKey, ChunkMeta, PendingUpdate, crc32c
 from fs3.storage.target import L_OFFLINE, StorageTarget, TargetMap
 from fs3.transport.base import ClientTransport, frame_ref, frame_slice, ref_kind
+from fs3.transport.shm import regions_lost
 
 log = logging.getLogger("fs3.storage.craq")
 
@@ -556,9 +557,21 @@ class Replicator:
                 eng.prepare(p, prepare_cv)
             return p
 
-        loop = asyncio.get_running_loop()
+        job = self.executor.submit(work)
+        fut = asyncio.wrap_future(job)
         try:
-            return await loop.run_in_executor(self.executor, work)
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            # Never abandon a running stage (the caller holds the chunk lock until it
+            # ends): left alone it would set its update pending after a retry and later
+            # writes committed, and the chunk's next update would re-drive it, bringing
+            # back bytes older than an acknowledged write. One not started yet is dropped.
+            if not job.cancel():
+                await asyncio.wait([fut])
+                err = None if fut.cancelled() else fut.exception()
+                if isinstance(err, FsError):
+                    self.note_disk_error(fn, err)
+            raise
         except FsError as e:
             self.note_disk_error(fn, e)
             raise
@@ -820,14 +833,22 @@ class Replicator:
     ) -> storage_pb2.IOResult:
         """One ``Update`` RPC to a successor, the payload through the forwarding transport.
 
-        Over the native RPC transport (unless forwarding uses shm) the payload is
-        the frame's bulk payload: sent from ``payload`` as is, received by the
-        successor straight into its own buffer.
+        A successor the forwarding transport reaches through shared memory (shm;
+        auto: a same-host successor) gets the payload staged there
+        (:meth:`ClientTransport.forward_ref`). Otherwise, over the native RPC, the
+        payload is the frame's bulk payload: sent from ``payload`` as is, received
+        by the successor into a buffer of its own.
         """
         sent: Awaitable[None] | None = None
         bulk: memoryview | None = None
         if payload is not None:
-            if self.peers.carries_payload and (self.forward is None or self.forward.kind != "shm"):
+            staged = None
+            if self.forward is not None:
+                staged = await self.forward.forward_ref(address, data_address, memoryview(payload))
+            if staged is not None:  # through shared memory (a same-host successor)
+                fio.data.CopyFrom(staged[0])
+                sent = staged[1]
+            elif self.peers.carries_payload:
                 bulk = memoryview(payload)
                 fio.data.CopyFrom(frame_ref(len(bulk)))
             elif self.forward is not None:
@@ -842,13 +863,18 @@ class Replicator:
             to_target_id=to_target,
             capability=self.service_token(),
         )
-        resp = await call(
-            self.peers.stub(address).Update,
-            req,
-            timeout=self.cfg.forward_timeout_s,
-            what=f"Update@target{to_target}",
-            payload=bulk,
-        )
+        try:
+            resp = await call(
+                self.peers.stub(address).Update,
+                req,
+                timeout=self.cfg.forward_timeout_s,
+                what=f"Update@target{to_target}",
+                payload=bulk,
+            )
+        except FsError as e:
+            if self.forward is None:
+                raise
+            raise regions_lost(self.forward, address, e) from None
         if sent is not None:
             await sent
         return resp.result

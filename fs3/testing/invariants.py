@@ -53,7 +53,13 @@ FAULT_OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
         }
     },
     "meta": {
-        "meta": {"routing_refresh_s": 0.5, "heartbeat_interval_s": 0.5},
+        # 1 MiB chunks (not the 4 MiB default): the scenarios' small files cross chunk
+        # boundaries and so chains, which is what they exercise.
+        "meta": {
+            "routing_refresh_s": 0.5,
+            "heartbeat_interval_s": 0.5,
+            "default_chunk_size": 1 << 20,
+        },
         "client": {"routing_refresh_s": 0.5, "retry_deadline_s": 30.0, "rpc_timeout_s": 3.0},
     },
     "storage": {

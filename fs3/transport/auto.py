@@ -10,7 +10,10 @@ same buffer (:mod:`fs3.rpc.native.wire`). ``auto`` picks per I/O:
 * the node is on this host (its region socket, through which a client hands
   it a region's descriptor, is reachable: :mod:`fs3.transport.shm`) **and** the
   buffer lies inside a registered region (Iovs, registered by the USRBIO agent
-  through :meth:`register_region`) -> shm;
+  through :meth:`register_region`) or a staging arena it was taken from
+  (:meth:`staging_buffer`: the write-behind engine's buffers, written in shm
+  in the first place; once the arena is registered on that node, which starts
+  in the background at its first use) -> shm;
 * anything else -> the storage client sends a ``frame`` ref (native RPC), or,
   over gRPC, the bytes inline. A buffer outside every region is never staged:
   copying it into shm would cost the copy the frame receive avoids.
@@ -22,6 +25,8 @@ retried on the frame path.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 
 from fs3.errors import Code, FsError
@@ -70,15 +75,53 @@ class AutoClientTransport(ShmClientTransport):
 
     def one_sided(self, node_address: str, buf: memoryview) -> bool:
         self._last = None
-        if not self._regions or not self.node_is_local(node_address):
+        if not (self._regions or self._staging.arenas) or not self.node_is_local(node_address):
             return False
         found = super()._locate(memoryview(buf))
         if found is None:
+            return False
+        if found[0].id not in self._regions and not self._arena_ready(node_address, found[0]):
             return False
         self.stats["one_sided"] += 1
         # the storage client asks for the ref of this very buffer next: spare it a second lookup
         self._last = (node_address, buf, found)
         return True
+
+    def _arena_ready(self, node_address: str, region: ShmRegion) -> bool:
+        """True if the staging arena ``region`` is registered on the node already.
+
+        If not, registration starts in the background and this I/O goes as a frame:
+        a buffered write never waits for it (registering takes a thread, which a
+        process flushing its files at interpreter exit can no longer start).
+        """
+        st = self._nodes.get(node_address)
+        fut = st.registered.get(region.id) if st is not None else None
+        if fut is not None and fut.done():
+            return not fut.cancelled() and fut.exception() is None
+        if fut is None:
+            try:
+                task = asyncio.get_running_loop().create_task(
+                    self._register_quietly(node_address, region)
+                )
+            except RuntimeError:  # no loop running: nothing to start it on
+                return False
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
+        return False
+
+    async def _register_quietly(self, node_address: str, region: ShmRegion) -> None:
+        # a failure is remembered by _ensure_registered (a node that cannot map our
+        # memory gets frames from now on) or retried by the next I/O
+        with contextlib.suppress(Exception):
+            await self._ensure_registered(node_address, region)
+
+    async def forward_ref(
+        self, node_address: str, data_address: str, data: memoryview
+    ) -> tuple[transport_pb2.DataRef, Awaitable[None]] | None:
+        """Staged into shm for a same-host successor (see the base class), a frame otherwise."""
+        if not self.node_is_local(node_address):
+            return None
+        return await ShmClientTransport.write_ref(self, node_address, data_address, data)
 
     def read_ref_ready(self, node_address: str, dest: memoryview) -> transport_pb2.DataRef | None:
         ref = super().read_ref_ready(node_address, dest)  # registered there: the node is local

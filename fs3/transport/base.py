@@ -213,6 +213,19 @@ class ClientTransport(abc.ABC):
     ) -> tuple[transport_pb2.DataRef, ReadCompletion]:
         """Describe ``dest`` (writable) for a read RPC; ``complete(n)`` waits for n bytes in it."""
 
+    async def forward_ref(
+        self, node_address: str, data_address: str, data: memoryview
+    ) -> tuple[transport_pb2.DataRef, Awaitable[None]] | None:
+        """How a storage node forwards ``data`` (a payload it received) to a successor.
+
+        None: send it as the native frame's payload (or inline over gRPC). A
+        transport that reaches the node through shared memory copies it into a
+        staging arena instead: one ``memmove`` into memory mapped long ago, where a
+        frame costs the successor a fresh payload-sized buffer (zeroed, page
+        faulted) and a socket copy on each side.
+        """
+        return None
+
     def one_sided(self, node_address: str, buf: memoryview) -> bool:
         """True if the bytes of an I/O on ``buf`` with this node move one-sided (shm).
 

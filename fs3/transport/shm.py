@@ -71,6 +71,19 @@ log = logging.getLogger("fs3.transport.shm")
 UNKNOWN_REGION = "unknown shm region"
 
 
+def regions_lost(transport: ClientTransport, node_address: str, err: FsError) -> FsError:
+    """``err`` as a caller of a write RPC should raise it.
+
+    A node that answers with :func:`is_region_error` restarted and forgot the
+    regions registered there: forget them here too and make the error retryable,
+    so the retry registers again (the node refused before applying anything).
+    """
+    if not is_region_error(err):
+        return err
+    transport.forget_node(node_address)
+    return FsError(Code.TRANSPORT, err.message, retryable=True)
+
+
 def is_region_error(err: BaseException) -> bool:
     """True if a storage RPC failed because the node does not know our region.
 
@@ -589,6 +602,11 @@ class ShmClientTransport(ClientTransport):
 
     def one_sided(self, node_address: str, buf: memoryview) -> bool:
         return True  # every buffer: in place, or staged into an arena
+
+    async def forward_ref(
+        self, node_address: str, data_address: str, data: memoryview
+    ) -> tuple[transport_pb2.DataRef, Awaitable[None]] | None:
+        return await ShmClientTransport.write_ref(self, node_address, data_address, data)
 
     @property
     def regions(self) -> list[ShmRegion]:

@@ -25,8 +25,12 @@ from fs3.testing.cluster import ProcessCluster
 FS3 = [sys.executable, "-m", "fs3.cli.main"]
 
 # Speed: chunk data is not fsynced by storage in these tests (durability against
-# power loss is not what they check; commit on all replicas still is).
-FAST = {"storage": {"storage": {"fsync": False}}}
+# power loss is not what they check; commit on all replicas still is). 1 MiB chunks
+# (not the 4 MiB default): the tests cross chunk boundaries with small files.
+FAST = {
+    "storage": {"storage": {"fsync": False}},
+    "meta": {"meta": {"default_chunk_size": 1 << 20}},
+}
 
 needs_fuse = pytest.mark.skipif(
     not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None or os.geteuid() != 0,

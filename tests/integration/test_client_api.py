@@ -28,7 +28,7 @@ from fs3.testing.cluster import ProcessCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-CHUNK = 1 << 20  # the cluster's default chunk size
+CHUNK = 1 << 20  # the test cluster's chunk size (pinned below: the tests cross chunk boundaries)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,10 @@ def cluster() -> Iterator[ProcessCluster]:
         meta=2,
         mgmtd=1,
         transport="grpc",
-        overrides={"storage": {"storage": {"fsync": False}}},
+        overrides={
+            "storage": {"storage": {"fsync": False}},
+            "meta": {"meta": {"default_chunk_size": CHUNK}},
+        },
     ) as c:
         yield c
 

@@ -24,7 +24,7 @@ import pytest
 from fs3.testing.cluster import ProcessCluster
 
 pytest.register_assert_rewrite("fuse_helpers")
-from fuse_helpers import fresh_dir, mounted, needs_fuse, run_as, world_dir  # noqa: E402
+from fuse_helpers import fresh_dir, mounted, needs_fuse, run_as, wait_until, world_dir  # noqa: E402
 
 pytest_plugins = ["fuse_helpers"]
 pytestmark = [pytest.mark.integration, pytest.mark.fuse, needs_fuse, pytest.mark.timeout(180)]
@@ -97,6 +97,53 @@ def test_close_to_open_with_30s_caches_on_the_reader(
     want = os.stat(a)
     st, got = _read_after_open(b)
     assert got[:3] == b"XYZ" and st.st_mtime_ns == want.st_mtime_ns
+
+
+def test_an_overwrite_still_buffered_by_an_api_writer_is_not_announced_to_a_mount(
+    fuse_cluster: ProcessCluster,
+) -> None:
+    """A mount keeps its cached pages while meta's (size, mtime) is what it last saw at
+    open, so a writer may announce a new mtime only once the data is on storage.
+
+    The periodic length report of a long writer (``length_report_interval_s``) used to
+    send the mtime of an overwrite still buffered (or in flight): a mount opening the
+    file meanwhile read the old bytes from storage and cached them under the new mtime;
+    the writer's fsync then announced the same mtime again, so the next open kept the
+    cache and read the old bytes after the overwrite was acknowledged (a stale read)."""
+    from fs3 import config as fs3config
+
+    cfg = fs3config.load(fs3config.ClientConfig, None, env={})
+    cfg.rpc = fs3config.load(fs3config.ClientConfig, None).rpc  # the tier's RPC transport
+    cfg.client.length_report_interval_s = 0.2  # report often ...
+    cfg.fuse.write_buffer_age_s = 120.0  # ... while the overwrite sits in the write buffer
+    d = fresh_dir(fuse_cluster)
+    path = d / "f"
+    assert fuse_cluster.mountpoint
+    rel = "/" + str(path.relative_to(fuse_cluster.mountpoint))
+    old, new = os.urandom(64 << 10), os.urandom(64 << 10)
+    c = fuse_cluster.connect(config=cfg)
+    try:
+        with c.open(rel, "wb") as f:
+            f.write(old)
+        st_old, got = _read_after_open(path)
+        assert got == old  # the mount caches the old pages
+        w = c.open(rel, "r+b", buffering=0)
+        try:
+            w.write(new)  # same length: only the mtime can tell a reader
+            h = w.handle
+            before = h.last_report
+            wait_until(lambda: h.last_report > before, 30, "a periodic report of the writer")
+            st_mid, got = _read_after_open(path)
+            assert got == old  # not written yet: the old bytes are right
+            w.fsync()  # on storage, then announced
+            st, got = _read_after_open(path)
+            assert got == new, "the mount served its cached old bytes after the fsync"
+            assert st_mid.st_mtime_ns == st_old.st_mtime_ns, "mtime announced before the data"
+            assert st.st_mtime_ns != st_old.st_mtime_ns
+        finally:
+            w.close()
+    finally:
+        c.close()
 
 
 def _visible_within(cond: Callable[[], bool], limit: float, what: str) -> float:

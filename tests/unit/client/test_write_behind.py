@@ -243,3 +243,36 @@ def test_state_is_kept_while_a_writer_waits_for_the_inode_lock() -> None:
         await tr.close()
 
     asyncio.run(main())
+
+
+def test_unsettled_by_holds_while_a_handles_write_is_not_on_storage() -> None:
+    """The mtime of a handle's writes goes to meta only once they are on storage
+    (AsyncClient._hint): a buffered write, one waiting for a slot and one in flight are
+    unsettled for their handle; another handle's writes, or another inode's, are not."""
+
+    async def main() -> None:
+        tr = ShmClientTransport("c7")
+        store = Store()
+        store.gate.clear()
+        a, b, other = _fh(1), _fh(2), _fh(3, inode=8)
+        wb = _engine(store, tr, [a, b, other], depth=1, max_age_s=0)
+        assert not wb.unsettled_by(a)
+        await wb.write(a, 0, memoryview(b"a" * 10))  # buffered (no age: only settle sends it)
+        assert wb.unsettled_by(a) and not wb.unsettled_by(b) and not wb.unsettled_by(other)
+        await wb.write(b, 100, memoryview(b"b" * 10))  # sends a's buffer: in flight, gated
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert store.inflight == 1
+        assert wb.unsettled_by(a) and wb.unsettled_by(b)
+        queued = asyncio.ensure_future(wb.settle(b.inode))  # b's buffer waits for the slot
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not queued.done() and wb.unsettled_by(b)
+        store.gate.set()
+        await asyncio.wait_for(queued, 5)
+        assert not wb.unsettled_by(a) and not wb.unsettled_by(b)
+        assert sorted(store.calls) == [(0, 10), (100, 10)]
+        await wb.close()
+        await tr.close()
+
+    asyncio.run(main())

@@ -142,3 +142,88 @@ def test_only_a_disk_failure_of_a_staged_update_sync_takes_the_target_offline(
 
     asyncio.run(main())
     assert t.serving is not offline
+
+
+def test_a_cancelled_update_never_leaves_its_stage_running(tmap: TargetMap) -> None:
+    """An update whose RPC is cancelled (its deadline passed) while its stage runs in the
+    I/O pool must not release the chunk before that stage ends.
+
+    Before, the stage went on alone: the client's retry and its next write committed
+    meanwhile, then the orphaned stage left its update pending (built on the newer
+    committed bytes, with the old write's bytes and version), and the chunk's next
+    update re-drove it, putting back bytes older than an acknowledged write. (With a
+    one-sided shm payload the orphan even copied whatever the client's buffer held by
+    then.)"""
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fs3.config import StorageSection
+    from fs3.proto import storage_pb2
+    from fs3.storage.chunk_engine import ChunkKey, crc32c
+    from fs3.storage.craq import InlinePayloadIO, Replicator
+
+    tmap.apply_routing(routing(1, 0, {}))
+    tmap.apply_routing(routing(2, 1, {101: SERVING}))  # the head, no successor
+    t = tmap.targets[101]
+    eng = t.engine
+    cs = 1 << 16
+    entered, gate, staged = threading.Event(), threading.Event(), threading.Event()
+    real_stage = eng.stage_write
+    calls = 0
+
+    def stage_write(*a: object, **kw: object) -> object:
+        nonlocal calls
+        calls += 1
+        if calls != 2:
+            return real_stage(*a, **kw)  # type: ignore[arg-type]
+        entered.set()  # the first attempt of write B: held in the I/O pool
+        gate.wait(10)
+        try:
+            return real_stage(*a, **kw)  # type: ignore[arg-type]
+        finally:
+            staged.set()
+
+    eng.stage_write = stage_write  # type: ignore[method-assign]
+
+    def io(data: bytes, offset: int = 0) -> storage_pb2.UpdateIO:
+        u = storage_pb2.UpdateIO(
+            chain_id=1,
+            chain_version=1,
+            type=storage_pb2.UPDATE_WRITE,
+            offset=offset,
+            length=len(data),
+            chunk_size=cs,
+            checksum=crc32c(data),
+        )
+        u.chunk.inode, u.chunk.index = 5, 0
+        u.data.inline = data
+        return u
+
+    def tag(seq: int) -> storage_pb2.UpdateTag:
+        return storage_pb2.UpdateTag(client_id="c", channel_id=1, seqnum=seq)
+
+    a, b, c, d = b"A" * 100, b"B" * 100, b"C" * 100, b"D" * 10
+
+    async def main() -> None:
+        with ThreadPoolExecutor(4) as pool:
+            rep = Replicator(tmap, StorageSection(), InlinePayloadIO(), None, pool, lambda: None)  # type: ignore[arg-type]
+            await rep.client_update(io(a), tag(1))
+            first = asyncio.ensure_future(rep.client_update(io(b), tag(2)))
+            await asyncio.to_thread(entered.wait, 10)
+            first.cancel()  # the RPC deadline
+            for _ in range(20):
+                await asyncio.sleep(0)
+            if not first.done():
+                gate.set()  # it waits for its stage: let the stage finish
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            await rep.client_update(io(b), tag(2))  # the client's retry
+            await rep.client_update(io(c), tag(3))  # its next write, acknowledged
+            gate.set()
+            assert await asyncio.to_thread(staged.wait, 10)  # an orphaned stage (if any) ends
+            await rep.client_update(io(d, 1000), tag(4))  # re-drives whatever was left pending
+            _meta, data = eng.read(ChunkKey(5, 0), 0, 100)
+            assert data == c, "bytes older than an acknowledged write came back"
+
+    asyncio.run(main())

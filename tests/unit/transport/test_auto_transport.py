@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -14,6 +16,20 @@ from fs3.transport.shm import ShmClientTransport, _NodeState
 pytestmark = pytest.mark.timeout(20)
 
 LOCAL, REMOTE = "127.0.0.1:1", "10.9.9.9:1"
+
+
+@contextlib.asynccontextmanager
+async def staged(t: AutoClientTransport, size: int) -> AsyncIterator[memoryview]:
+    """A staging buffer of ``t`` (as the write-behind engine takes one); closes ``t`` after."""
+    got = t.staging_buffer(size)
+    assert got is not None
+    buf, release = got
+    try:
+        yield buf
+    finally:
+        release()
+        t._last = None
+        await t.close()
 
 
 def test_one_sided_only_for_registered_regions_on_local_nodes() -> None:
@@ -40,6 +56,71 @@ def test_one_sided_only_for_registered_regions_on_local_nodes() -> None:
         finally:
             await t.close()
             region.close()
+
+    asyncio.run(main())
+
+
+def test_staging_buffers_are_one_sided_on_local_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The write-behind buffer is written in a staging arena: a same-host node reads it
+    there (no socket copy) once the arena is registered on it; until then, and for another
+    host, it goes as the frame's payload. A write never waits for the registration."""
+    import fs3.transport.shm as shm_mod
+
+    sent: list[str] = []
+    monkeypatch.setattr(shm_mod, "send_region", lambda path, cid, region, timeout: sent.append(cid))
+
+    async def main() -> None:
+        t = AutoClientTransport("c3", is_local=lambda addr: addr == LOCAL)
+        async with staged(t, 1 << 20) as buf:
+            buf[:5] = b"hello"
+            assert not t.one_sided(LOCAL, buf)  # not registered there yet: started, frame now
+            assert not t.one_sided(LOCAL, buf)  # still under way: no second registration
+            await asyncio.gather(*list(t._bg))
+            assert sent == ["c3"]
+            assert t.one_sided(LOCAL, buf)
+            assert not t.one_sided(REMOTE, buf)
+            assert not t.one_sided(LOCAL, memoryview(bytearray(4096)))  # still never staged
+            assert t.one_sided(LOCAL, buf)
+            ref, _ = await t.write_ref(LOCAL, "", buf)
+            assert ref_kind(ref) == "shm" and ref.shm.length == 1 << 20
+            assert sent == ["c3"]  # registered once
+            ref, _ = await t.write_ref(REMOTE, "", buf)
+            # gRPC RPCs only; over native RPC the storage client sends a frame
+            assert is_inline(ref)
+            assert t.stats["one_sided"] == 2
+
+    asyncio.run(main())
+
+
+def test_forwarding_stages_for_same_host_successors_only() -> None:
+    """A storage node forwards a payload it holds through shm to a same-host successor
+    (one copy into a staging arena) and as the frame's payload (None) to another host."""
+
+    async def main() -> None:
+        t = AutoClientTransport("c4", is_local=lambda addr: addr == LOCAL)
+        registered: list[str] = []
+
+        async def fake_register(node: str, region: ShmRegion) -> None:
+            registered.append(node)
+
+        t._ensure_registered = fake_register  # type: ignore[method-assign]
+        payload = memoryview(bytes(range(256)) * 64)
+        try:
+            assert await t.forward_ref(REMOTE, "", payload) is None
+            got = await t.forward_ref(LOCAL, "", payload)
+            assert got is not None
+            ref, sent = got
+            assert ref_kind(ref) == "shm" and ref.shm.length == len(payload)
+            (arena,) = t._staging.arenas
+            assert (
+                bytes(arena.region.buf[ref.shm.offset : ref.shm.offset + len(payload)]) == payload
+            )
+            assert registered == [LOCAL]
+            await sent
+            del got, sent  # the caller is done with the RPC: the staged copy is freed
+            assert arena.used == 0
+        finally:
+            await t.close()
 
     asyncio.run(main())
 
@@ -76,6 +157,34 @@ def test_a_node_that_cannot_map_our_memory_falls_back(monkeypatch: pytest.Monkey
             t._last = None
             await t.close()
             region.close()
+
+    asyncio.run(main())
+
+
+def test_a_restarted_node_that_forgot_our_regions_is_retried_after_registering_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node that restarted answers "unknown shm region": the write's error becomes
+    retryable and the node's registrations are forgotten, so the retry registers again."""
+    import fs3.transport.shm as shm_mod
+    from fs3.transport.shm import UNKNOWN_REGION, regions_lost
+
+    monkeypatch.setattr(shm_mod, "send_region", lambda path, cid, region, timeout: None)
+
+    async def main() -> None:
+        t = AutoClientTransport("c5", is_local=lambda addr: addr == LOCAL)
+        async with staged(t, 4096) as buf:
+            assert not t.one_sided(LOCAL, buf)
+            await asyncio.gather(*list(t._bg))
+            assert t.one_sided(LOCAL, buf)
+            other = FsError(Code.INVALID_ARGUMENT, "offset out of range")
+            assert regions_lost(t, LOCAL, other) is other  # any other error: as it was
+            assert t.one_sided(LOCAL, buf)
+            e = regions_lost(t, LOCAL, FsError(Code.INVALID_ARGUMENT, f"{UNKNOWN_REGION} r1"))
+            assert e.code == Code.TRANSPORT and e.retryable
+            assert not t.one_sided(LOCAL, buf)  # registering again, a frame meanwhile
+            await asyncio.gather(*list(t._bg))
+            assert t.one_sided(LOCAL, buf)
 
     asyncio.run(main())
 
