@@ -48,7 +48,7 @@ from fs3.rpc.channel import ChannelPool, call
 from fs3.storage import metrics as M
 from fs3.storage.chunk_engine import ChunkKey, ChunkMeta, PendingUpdate, crc32c
 from fs3.storage.target import L_OFFLINE, StorageTarget, TargetMap
-from fs3.transport.base import ClientTransport, frame_ref, frame_slice, ref_kind
+from fs3.transport.base import ClientTransport, frame_ref, frame_slice, ref_kind, ref_length
 from fs3.transport.shm import regions_lost
 
 log = logging.getLogger("fs3.storage.craq")
@@ -72,7 +72,10 @@ _TYPES = {WRITE: "write", TRUNCATE: "truncate", EXTEND: "extend", REMOVE: "remov
 class PayloadIO(Protocol):
     """The server half of the bulk transport (``fs3.transport`` provides the real one)."""
 
-    async def fetch(self, ref: transport_pb2.DataRef) -> bytes | bytearray | memoryview: ...
+    async def fetch(self, ref: transport_pb2.DataRef) -> bytes | bytearray | memoryview:
+        """The payload's bytes, which the sender can no longer change (a private copy
+        of a one-sided payload): they are checksummed once, then staged and forwarded."""
+        ...
 
     async def deliver_bytes(
         self, ref: transport_pb2.DataRef, data: bytes | bytearray | memoryview
@@ -302,12 +305,20 @@ class Replicator:
     async def fetch_payload(
         self, io: storage_pb2.UpdateIO, frame: memoryview | None = None
     ) -> bytes | bytearray | memoryview:
-        """The update's bytes, checked; ``frame`` is the request's bulk payload (native)."""
+        """The update's bytes, checked; ``frame`` is the request's bulk payload (native).
+
+        The checksum is verified on the very bytes returned, and only those are
+        staged and forwarded: a one-sided (shm) payload comes back as this node's
+        private copy (:meth:`PayloadIO.fetch`), never as a view of the sender's
+        memory, which the sender may reuse once its attempt timed out.
+        """
         if io.type != WRITE:
             return b""
         if ref_kind(io.data) == "frame":
             data: bytes | bytearray | memoryview = frame_slice(io.data, frame)
         else:
+            if ref_length(io.data) != io.length:  # before any copy of a bogus length
+                raise invalid(f"payload has {ref_length(io.data)} bytes, request says {io.length}")
             data = await self.payload.fetch(io.data)
         if len(data) != io.length:
             raise invalid(f"payload has {len(data)} bytes, request says {io.length}")

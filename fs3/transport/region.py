@@ -79,6 +79,30 @@ def buffer_address(buf: object) -> tuple[int, int]:
         _release_buffer(ctypes.byref(view))
 
 
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
+def private_copy(src: memoryview) -> memoryview:
+    """A copy of ``src`` in fresh private memory that no other process can change.
+
+    Why: a one-sided payload sits in the sender's shared memory, which the
+    sender may reuse as soon as it gives up on the request; everything the
+    receiver verifies and stores must come from one private copy (see
+    :meth:`fs3.transport.server.ServerTransport.fetch`). The copy is an
+    anonymous mapping, so it is page aligned and an ``O_DIRECT`` write can
+    still DMA from it (``MAP_POPULATE``: faulted in by one call, not page by
+    page); it is unmapped when its last view goes. ``ctypes.memmove`` copies
+    without holding the GIL, so a worker thread can run it off the event loop.
+    """
+    n = src.nbytes
+    if n == 0:
+        return memoryview(b"")
+    mm = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_POPULATE)
+    dst = memoryview(mm)
+    ctypes.memmove(buffer_address(dst)[0], buffer_address(src)[0], n)
+    return dst
+
+
 def _check_shm_path(path: str) -> str:
     """Resolve ``path`` and refuse anything that is not a regular file in SHM_DIR.
 

@@ -18,12 +18,14 @@ Wiring::
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fs3.config import TransportSection
 from fs3.errors import invalid
 from fs3.proto import transport_pb2
 from fs3.transport.base import ref_kind
+from fs3.transport.region import private_copy
 from fs3.transport.shm import ShmRegistry, preadv_into, region_socket_path
 
 _NOT_HERE = (
@@ -56,7 +58,8 @@ class ServerTransport:
 
     Args:
         region_check_interval_s: how often regions of dead owner pids are dropped.
-        pread_thread_threshold: shm reads larger than this run ``preadv`` in a worker thread.
+        pread_thread_threshold: shm reads larger than this run ``preadv`` in a worker
+            thread, and shm write payloads this large are copied in one (:meth:`fetch`).
     """
 
     def __init__(
@@ -91,15 +94,29 @@ class ServerTransport:
     # -- write path --------------------------------------------------------------
 
     async def fetch(self, ref: transport_pb2.DataRef) -> memoryview:
-        """The payload ``ref`` names (read-only for inline; a view into the region for shm).
+        """The payload ``ref`` names, as bytes the sender can no longer change.
 
-        The view is valid until the caller drops it; do not keep it beyond the request.
+        inline: a read-only view of the request's bytes. shm (one-sided): the
+        payload is in the sender's shared memory, which the sender reuses once
+        it gives up on the request (a timeout) while this node may still be
+        staging or forwarding it; bytes read from there after the checksum
+        check could be other bytes, and a head's re-drive would commit them.
+        So it is copied once, here, into private page-aligned memory
+        (:func:`~fs3.transport.region.private_copy`), and the caller checksums,
+        stages and forwards only that copy: the bytes stored are exactly the
+        bytes verified. Large payloads are copied in a worker thread, off the
+        event loop.
         """
         kind = ref_kind(ref)
         if kind == "inline":
             return memoryview(ref.inline)
         if kind == "shm":
-            return self.regions.view(ref.shm)
+            # No release() of the view: on cancellation the worker thread may still
+            # be copying from it; the last reference going keeps the mapping till then.
+            view = self.regions.view(ref.shm)
+            if view.nbytes >= self._pread_thread_threshold:
+                return await asyncio.to_thread(private_copy, view)
+            return private_copy(view)
         raise invalid(_NOT_HERE.format(kind=kind))
 
     # -- read path ----------------------------------------------------------------

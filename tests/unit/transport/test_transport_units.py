@@ -139,3 +139,37 @@ def test_anonymous_mmap_is_not_a_region() -> None:
     finally:
         r.close()
         mm.close()
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("size", [0, 100, 8192, 1 << 20])
+def test_shm_fetch_returns_a_private_aligned_copy(size: int) -> None:
+    """A one-sided write payload is copied once: later writes by the sender do not reach it.
+
+    ``ServerTransport.fetch`` of a shm ref is what the storage node checksums, stages
+    and forwards; it must be the node's own memory (the sender reuses its buffer once
+    it gives up) and stay page aligned so an O_DIRECT write can still DMA from it.
+    """
+    import asyncio
+
+    from fs3.storage.chunk_data import page_aligned
+    from fs3.transport.server import ServerTransport
+
+    r = ShmRegion.create(1 << 20, prefix="fs3-unit")
+    st = ServerTransport(pread_thread_threshold=256 << 10)  # 1 MiB: the threaded copy
+    try:
+        req = transport_pb2.RegisterRegionRequest(client_id="c", region=r.id, size=r.size)
+        st.regions.register_handle(req, os.dup(r.fd), os.getpid(), os.getuid())
+        data = random.Random(size).randbytes(size)
+        r.buf[:size] = data
+        ref = transport_pb2.DataRef(shm=transport_pb2.ShmRef(region=r.id, offset=0, length=size))
+        got = asyncio.run(st.fetch(ref))
+        r.buf[:size] = b"\xff" * size  # the sender reuses its buffer
+        assert bytes(got) == data
+        assert r.offset_of(got) is None  # not a view of the region
+        if size % mmap.PAGESIZE == 0 and size:
+            assert page_aligned(got)
+        got.release()
+    finally:
+        st.regions.unregister("c", r.id)
+        r.close()
