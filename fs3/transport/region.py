@@ -19,6 +19,8 @@ import fcntl
 import mmap
 import os
 import stat
+import sys
+import threading
 import uuid
 
 from fs3.errors import Code, FsError, invalid
@@ -80,27 +82,60 @@ def buffer_address(buf: object) -> tuple[int, int]:
 
 
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_MIN_CLASS = 64 << 10  # smallest pooled mapping (payloads are rounded up to a power of two)
+_IDLE_REFS = 3  # sys.getrefcount of a pooled mapping nobody uses: its list, the loop name, the call
 
 
-def private_copy(src: memoryview) -> memoryview:
-    """A copy of ``src`` in fresh private memory that no other process can change.
+class PrivateCopies:
+    """Copies of one-sided payloads into private memory that no other process can change.
 
     Why: a one-sided payload sits in the sender's shared memory, which the
     sender may reuse as soon as it gives up on the request; everything the
     receiver verifies and stores must come from one private copy (see
-    :meth:`fs3.transport.server.ServerTransport.fetch`). The copy is an
-    anonymous mapping, so it is page aligned and an ``O_DIRECT`` write can
-    still DMA from it (``MAP_POPULATE``: faulted in by one call, not page by
-    page); it is unmapped when its last view goes. ``ctypes.memmove`` copies
-    without holding the GIL, so a worker thread can run it off the event loop.
+    :meth:`fs3.transport.server.ServerTransport.fetch`). Copies live in
+    anonymous mappings, so they are page aligned and an ``O_DIRECT`` write can
+    still DMA from them. Mappings are pooled (up to ``cache_bytes``) and
+    reused only once no view of them is left anywhere (every memoryview of a
+    mapping holds a reference to it), so there is no release call to forget
+    and no per-write ``mmap``/``munmap`` or page zeroing; beyond the cap a copy
+    gets a mapping of its own, unmapped when its last view goes.
+    ``ctypes.memmove`` copies without holding the GIL, so a worker thread can
+    run :meth:`copy` off the event loop.
     """
-    n = src.nbytes
-    if n == 0:
-        return memoryview(b"")
-    mm = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_POPULATE)
-    dst = memoryview(mm)
-    ctypes.memmove(buffer_address(dst)[0], buffer_address(src)[0], n)
-    return dst
+
+    def __init__(self, cache_bytes: int = 64 << 20) -> None:
+        self.cache_bytes = cache_bytes
+        self._pool: dict[int, list[mmap.mmap]] = {}
+        self._cached = 0
+        self._lock = threading.Lock()
+
+    def copy(self, src: memoryview) -> memoryview:
+        """A private, page-aligned copy of ``src`` (valid while the caller keeps it)."""
+        n = src.nbytes
+        if n == 0:
+            return memoryview(b"")
+        dst = self._take(n)
+        ctypes.memmove(buffer_address(dst)[0], buffer_address(src)[0], n)
+        return dst
+
+    def _take(self, n: int) -> memoryview:
+        size = max(_MIN_CLASS, 1 << (n - 1).bit_length())
+        with self._lock:
+            pooled = self._pool.setdefault(size, [])
+            for mm in pooled:
+                if sys.getrefcount(mm) <= _IDLE_REFS:  # no view of it is left
+                    return memoryview(mm)[:n]
+            flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_POPULATE
+            fresh = mmap.mmap(-1, size, flags=flags)
+            if self._cached + size <= self.cache_bytes:
+                pooled.append(fresh)
+                self._cached += size
+            return memoryview(fresh)[:n]
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of pooled mappings (tests, metrics)."""
+        return self._cached
 
 
 def _check_shm_path(path: str) -> str:

@@ -25,7 +25,7 @@ from fs3.config import TransportSection
 from fs3.errors import invalid
 from fs3.proto import transport_pb2
 from fs3.transport.base import ref_kind
-from fs3.transport.region import private_copy
+from fs3.transport.region import PrivateCopies
 from fs3.transport.shm import ShmRegistry, preadv_into, region_socket_path
 
 _NOT_HERE = (
@@ -58,8 +58,10 @@ class ServerTransport:
 
     Args:
         region_check_interval_s: how often regions of dead owner pids are dropped.
-        pread_thread_threshold: shm reads larger than this run ``preadv`` in a worker
-            thread, and shm write payloads this large are copied in one (:meth:`fetch`).
+        pread_thread_threshold: shm reads larger than this run ``preadv`` in a worker thread.
+        copy_thread_threshold: shm write payloads this large are copied in a worker
+            thread (:meth:`fetch`); smaller ones on the event loop (a thread hop costs
+            more than copying them).
     """
 
     def __init__(
@@ -67,10 +69,13 @@ class ServerTransport:
         *,
         region_check_interval_s: float = 1.0,
         pread_thread_threshold: int = 256 << 10,
+        copy_thread_threshold: int = 4 << 20,
     ) -> None:
         self.regions = ShmRegistry(region_check_interval_s)
         self.servicer = TransportServicer(self.regions)
         self._pread_thread_threshold = pread_thread_threshold
+        self._copy_thread_threshold = copy_thread_threshold
+        self.copies = PrivateCopies()
 
     @classmethod
     def from_config(cls, cfg: TransportSection) -> ServerTransport:
@@ -102,7 +107,7 @@ class ServerTransport:
         staging or forwarding it; bytes read from there after the checksum
         check could be other bytes, and a head's re-drive would commit them.
         So it is copied once, here, into private page-aligned memory
-        (:func:`~fs3.transport.region.private_copy`), and the caller checksums,
+        (:class:`~fs3.transport.region.PrivateCopies`), and the caller checksums,
         stages and forwards only that copy: the bytes stored are exactly the
         bytes verified. Large payloads are copied in a worker thread, off the
         event loop.
@@ -114,9 +119,9 @@ class ServerTransport:
             # No release() of the view: on cancellation the worker thread may still
             # be copying from it; the last reference going keeps the mapping till then.
             view = self.regions.view(ref.shm)
-            if view.nbytes >= self._pread_thread_threshold:
-                return await asyncio.to_thread(private_copy, view)
-            return private_copy(view)
+            if view.nbytes >= self._copy_thread_threshold:
+                return await asyncio.to_thread(self.copies.copy, view)
+            return self.copies.copy(view)
         raise invalid(_NOT_HERE.format(kind=kind))
 
     # -- read path ----------------------------------------------------------------

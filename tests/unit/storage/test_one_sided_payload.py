@@ -68,7 +68,7 @@ def node(tmp_path: Path) -> Iterator[Node]:
     n = Node(
         eng,
         TargetMap([StorageTarget(101, str(tmp_path), eng)]),
-        ServerTransport(pread_thread_threshold=256 << 10),
+        ServerTransport(copy_thread_threshold=256 << 10),
         ShmRegion.create(CS, prefix="fs3-test-onesided"),
     )
     try:

@@ -156,7 +156,7 @@ def test_shm_fetch_returns_a_private_aligned_copy(size: int) -> None:
     from fs3.transport.server import ServerTransport
 
     r = ShmRegion.create(1 << 20, prefix="fs3-unit")
-    st = ServerTransport(pread_thread_threshold=256 << 10)  # 1 MiB: the threaded copy
+    st = ServerTransport(copy_thread_threshold=256 << 10)  # 1 MiB: the threaded copy
     try:
         req = transport_pb2.RegisterRegionRequest(client_id="c", region=r.id, size=r.size)
         st.regions.register_handle(req, os.dup(r.fd), os.getpid(), os.getuid())
@@ -173,3 +173,26 @@ def test_shm_fetch_returns_a_private_aligned_copy(size: int) -> None:
     finally:
         st.regions.unregister("c", r.id)
         r.close()
+
+
+@pytest.mark.timeout(10)
+def test_private_copies_reuse_a_mapping_only_once_no_view_is_left() -> None:
+    """Pooled copy buffers: no release call, so reuse must follow the views' lifetime."""
+    from fs3.transport.region import PrivateCopies
+
+    pc = PrivateCopies(cache_bytes=256 << 10)
+    src = memoryview(bytearray(b"a" * 100_000))
+    a = pc.copy(src)
+    a_sub = a[10:20]  # a slice keeps the mapping busy too
+    a_addr = buffer_address(a)[0]
+    del a
+    b = pc.copy(memoryview(b"b" * 100_000))
+    assert buffer_address(b)[0] != a_addr, "a mapping with a live view was handed out again"
+    assert bytes(a_sub) == b"a" * 10 and bytes(b[:3]) == b"bbb"
+    del a_sub
+    c = pc.copy(memoryview(b"c" * 70_000))  # same size class: the first mapping is free again
+    assert buffer_address(c)[0] == a_addr and bytes(c) == b"c" * 70_000
+    assert pc.cached_bytes == 256 << 10  # two 128 KiB mappings: the cap
+    d = pc.copy(memoryview(b"d" * 100_000))  # both busy, pool full: a mapping of its own
+    assert pc.cached_bytes == 256 << 10 and bytes(d[-3:]) == b"ddd"
+    assert buffer_address(d)[0] % mmap.PAGESIZE == 0
