@@ -74,6 +74,7 @@ import torch
 
 import fs3.ckpt as ckpt
 from fs3.ckpt import layout
+from fs3.ckpt.api import split_copies
 from fs3.ckpt.store import INFLIGHT, IO_BYTES, RINGS, huge_bytes
 from fs3.cli.bench import drop_caches
 from fs3.testing.cluster import ProcessCluster
@@ -244,17 +245,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         memcpy_pool = ThreadPoolExecutor(nthreads)
 
         def memcpy_all() -> None:
-            share = -(-sum(n for _, _, n in plan) // nthreads)
-            parts: list[list[tuple[int, int, int]]] = [[]]
-            room = share
-            for d, src, n in plan:
-                while n:
-                    k = min(n, room)
-                    parts[-1].append((d, src, k))
-                    d, src, n, room = d + k, src + k, n - k, room - k
-                    if not room:
-                        parts.append([])
-                        room = share
+            parts = split_copies(plan, nthreads)
 
             def run(part: list[tuple[int, int, int]]) -> None:
                 for d, src, n in part:

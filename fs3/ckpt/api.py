@@ -393,17 +393,7 @@ class _Snapshot:
                 plain.append((self.base + t.off, addr, t.nbytes))
         total = sum(n for _, _, n in plain)
         nthreads = 1 if pool is None or total < _COPY_MIN else workers + 1
-        share = -(-total // nthreads)
-        parts: list[list[tuple[int, int, int]]] = [[]]
-        room = share
-        for d, src, n in plain:
-            while n:
-                k = min(n, room)
-                parts[-1].append((d, src, k))
-                d, src, n, room = d + k, src + k, n - k, room - k
-                if not room:
-                    parts.append([])
-                    room = share
+        parts = split_copies(plain, nthreads)
         fault = not self.faulted
         futs = [pool.submit(_memmoves, part, fault) for part in parts[1:] if part] if pool else []
         try:
@@ -432,6 +422,28 @@ def _chain_done(src: Future[Any], dst: Future[None]) -> None:
         dst.set_exception(exc)
     else:
         dst.set_result(None)
+
+
+def split_copies(
+    plan: Sequence[tuple[int, int, int]], nthreads: int
+) -> list[list[tuple[int, int, int]]]:
+    """Split ``(dst, src, n)`` copies into parts of equal bytes, one per thread.
+
+    Why equal bytes, not equal tensors: a state dict mixes 4 KiB and 32 MiB
+    tensors, and a thread given the big ones would finish last alone.
+    """
+    share = max(1, -(-sum(n for _, _, n in plan) // max(1, nthreads)))
+    parts: list[list[tuple[int, int, int]]] = [[]]
+    room = share
+    for d, src, n in plan:
+        while n:
+            k = min(n, room)
+            parts[-1].append((d, src, k))
+            d, src, n, room = d + k, src + k, n - k, room - k
+            if not room:
+                parts.append([])
+                room = share
+    return parts
 
 
 def _memmoves(part: list[tuple[int, int, int]], fault: bool = False) -> None:

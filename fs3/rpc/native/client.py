@@ -75,6 +75,10 @@ def _unavailable(what: str, why: str) -> FsError:
     return FsError(Code.UNAVAILABLE, f"{what}: {why}", retryable=True)
 
 
+def _connect_timeout(what: str, limit: float) -> FsError:
+    return FsError(Code.TIMEOUT, f"{what}: connect timed out after {limit:.1f} s", retryable=True)
+
+
 def _from_detail(body: bytes | memoryview) -> FsError:
     try:
         d = common_pb2.ErrorDetail.FromString(bytes(body))
@@ -583,11 +587,7 @@ class NativeChannel:
         try:
             return await asyncio.wait_for(asyncio.shield(task), limit)
         except TimeoutError:
-            raise FsError(
-                Code.TIMEOUT,
-                f"{self.address}: connect timed out after {limit:.1f} s",
-                retryable=True,
-            ) from None
+            raise _connect_timeout(self.address, limit) from None
 
     async def _connect(self) -> ClientConnection:
         loop = asyncio.get_running_loop()

@@ -53,7 +53,13 @@ from typing import Any
 
 from fs3.errors import Code, FsError
 from fs3.rpc.native import endpoints, wire
-from fs3.rpc.native.client import CONNECT_TIMEOUT_S, _from_detail, _keepalive, _unavailable
+from fs3.rpc.native.client import (
+    CONNECT_TIMEOUT_S,
+    _connect_timeout,
+    _from_detail,
+    _keepalive,
+    _unavailable,
+)
 from fs3.rpc.native.methods import BY_PATH
 from fs3.rpc.native.wire import (
     CALL,
@@ -367,11 +373,7 @@ class SyncNativeClient:
             try:
                 sock = socket.create_connection((host.strip("[]"), int(port)), timeout=limit)
             except TimeoutError:
-                raise FsError(
-                    Code.TIMEOUT,
-                    f"{self.address}: connect timed out after {limit:.1f} s",
-                    retryable=True,
-                ) from None
+                raise _connect_timeout(self.address, limit) from None
             except (OSError, ValueError) as e:
                 raise _unavailable(self.address, f"cannot connect: {e}") from None
             _keepalive(sock)
