@@ -395,6 +395,7 @@ def inprocess(n: int, kv_dir: str) -> None:
 
     from fs3.config import MetaSection
     from fs3.kv import open_database
+    from fs3.meta.layout import StaticChainTables
     from fs3.meta.operator import MetaOperator
 
     logging.getLogger("fs3").setLevel(logging.ERROR)  # "no chain table yet"
@@ -408,7 +409,7 @@ def inprocess(n: int, kv_dir: str) -> None:
         work = Path(tempfile.mkdtemp(prefix="fs3-metaop-", dir=kv_dir or None))
         db = open_database(f"sqlite://{work}/kv.db")
         try:
-            op = MetaOperator(db, MetaSection())
+            op = MetaOperator(db, MetaSection(), StaticChainTables({1: [1, 2, 3, 4, 5, 6]}))
             d = op.mkdir(
                 meta_pb2.MkdirRequest(user=USER, request_id="d", parent=1, name=b"d", mode=0o755)
             ).attr.inode
