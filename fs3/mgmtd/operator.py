@@ -271,10 +271,19 @@ class MgmtdOperator:
             result = fn(tr)
             return result, store.bump_version(tr)
 
+        t0 = self.clock.monotonic()
         try:
             result, version = await self.db.run_async(_txn, timeout_s=10.0)
         except Fenced as e:
             raise self.elector.fenced_error(e) from None
+        finally:
+            took = self.clock.monotonic() - t0
+            if took > self.mcfg.heartbeat_timeout_s / 2:
+                # Heartbeats wait for the lock the caller holds meanwhile (they count as
+                # heard from their arrival, see check_heartbeats).
+                event(
+                    log, "kv commit slow", logging.WARNING, node=self.node_id, took_s=f"{took:.1f}"
+                )
         if self._state is not st:
             raise self.elector.not_leader("lost leadership during a write")
         return result, version
@@ -914,8 +923,9 @@ class MgmtdOperator:
                 log.exception("background tick crashed")
             waiter = asyncio.ensure_future(self.kick.wait())
             stopper = asyncio.ensure_future(stop.wait())
+            t0 = time.monotonic()
             try:
-                await asyncio.wait(
+                done, _ = await asyncio.wait(
                     {waiter, stopper},
                     timeout=self.mcfg.check_interval_s,
                     return_when=asyncio.FIRST_COMPLETED,
@@ -923,6 +933,11 @@ class MgmtdOperator:
             finally:
                 waiter.cancel()
                 stopper.cancel()
+            # The event loop's own lag (a timer firing late: the loop thread was blocked or
+            # the process was not scheduled), as opposed to a tick waiting for a KV commit.
+            lag = time.monotonic() - t0 - self.mcfg.check_interval_s
+            if not done and lag > self.mcfg.heartbeat_timeout_s / 4:
+                event(log, "event loop lag", logging.WARNING, node=self.node_id, lag_s=f"{lag:.1f}")
 
     # ================================================================== admin
 
