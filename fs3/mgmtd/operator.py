@@ -109,6 +109,13 @@ class LeaderState:
     chains: dict[int, mgmtd_pb2.ChainInfo] = field(default_factory=dict)
     tables: dict[tuple[int, int], mgmtd_pb2.ChainTable] = field(default_factory=dict)
     frozen_until: dict[int, float] = field(default_factory=dict)  # chain -> wall clock
+    # When the leader last heard each node / each target's report, on its *monotonic*
+    # clock and stamped when the heartbeat arrived (before it waited for the lock): the
+    # silence the leader can have observed. NodeInfo.last_heartbeat stays wall time, for display.
+    heard: dict[int, float] = field(default_factory=dict)
+    reported: dict[int, float] = field(default_factory=dict)
+    heard_any: float = 0.0  # monotonic: when the last heartbeat from any node arrived
+    deaf: bool = False  # the last check heard nobody for too long (logged once)
     dirty_major: bool = False
     dirty_minor: bool = False
     last_bump: float = 0.0
@@ -163,6 +170,8 @@ class MgmtdOperator:
         self._last_check: tuple[float, float] | None = (
             None  # (term, time.monotonic()) of the previous check
         )
+        # node id -> heartbeats received but not applied yet (waiting for the lock)
+        self._arriving: collections.Counter[int] = collections.Counter()
         elector.on_gained = self.on_lease_gained
         elector.on_lost = self.on_lease_lost
 
@@ -171,6 +180,7 @@ class MgmtdOperator:
     async def on_lease_gained(self, term: float) -> None:
         """Bootstrap: load everything, bump the version, register ourselves."""
         now = self.clock.time()
+        mono = self.clock.monotonic()
         me = mgmtd_pb2.NodeInfo(
             node_id=self.node_id,
             type=mgmtd_pb2.NODE_TYPE_MGMTD,
@@ -197,13 +207,17 @@ class MgmtdOperator:
             except (FsError, Fenced) as e:
                 event(log, "bootstrap failed", logging.WARNING, node=self.node_id, error=str(e))
                 return  # stays without state: requests answer UNAVAILABLE until the next term
-            st = LeaderState(term=term, started=now, version=snap.version, last_bump=now)
+            st = LeaderState(
+                term=term, started=now, version=snap.version, last_bump=now, heard_any=mono
+            )
             for nid, n in snap.nodes.items():
                 n.status = ONLINE  # presumed alive for one heartbeat timeout
                 n.last_heartbeat = now
+                st.heard[nid] = mono
                 st.nodes[nid] = n
             for tid, t in snap.targets.items():
                 t.last_report = now
+                st.reported[tid] = mono
                 t.local_state = sm.LOCAL_OFFLINE
                 st.targets[tid] = t
             grace_end = now + self.mcfg.new_chain_grace_s
@@ -257,10 +271,19 @@ class MgmtdOperator:
             result = fn(tr)
             return result, store.bump_version(tr)
 
+        t0 = self.clock.monotonic()
         try:
             result, version = await self.db.run_async(_txn, timeout_s=10.0)
         except Fenced as e:
             raise self.elector.fenced_error(e) from None
+        finally:
+            took = self.clock.monotonic() - t0
+            if took > self.mcfg.heartbeat_timeout_s / 2:
+                # Heartbeats wait for the lock the caller holds meanwhile (they count as
+                # heard from their arrival, see check_heartbeats).
+                event(
+                    log, "kv commit slow", logging.WARNING, node=self.node_id, took_s=f"{took:.1f}"
+                )
         if self._state is not st:
             raise self.elector.not_leader("lost leadership during a write")
         return result, version
@@ -411,8 +434,9 @@ class MgmtdOperator:
             )
 
     def _alive(self, st: LeaderState, node: mgmtd_pb2.NodeInfo) -> bool:
+        heard = st.heard.get(node.node_id, float("-inf"))
         return node.status == ONLINE and (
-            self.clock.time() - node.last_heartbeat <= self.mcfg.heartbeat_timeout_s
+            self.clock.monotonic() - heard <= self.mcfg.heartbeat_timeout_s
         )
 
     def _check_targets(self, st: LeaderState, node_id: int, reports: Any) -> None:
@@ -452,8 +476,15 @@ class MgmtdOperator:
         reports: Any,
         *,
         force_bump: bool,
+        arrived: float | None = None,
     ) -> None:
-        """Persist what changed (node record, new/moved targets), then apply in memory."""
+        """Persist what changed (node record, new/moved targets), then apply in memory.
+
+        ``arrived``: when the request reached this process (monotonic), for the
+        heartbeat check; now if not given.
+        """
+        if arrived is None:
+            arrived = self.clock.monotonic()
         old = st.nodes.get(rec.node_id)
         node_changed = old is None or store.persistent_node(old) != store.persistent_node(rec)
         new_targets: list[mgmtd_pb2.TargetInfo] = []
@@ -477,7 +508,7 @@ class MgmtdOperator:
                     store.put_target(tr, nt)
 
             _, version = await self._write(st, _fn)
-            self._apply_node(st, rec, node_changed)
+            self._apply_node(st, rec, node_changed, arrived)
             for nt in new_targets:
                 cur = st.targets.get(nt.target_id)
                 if cur is None:
@@ -486,13 +517,15 @@ class MgmtdOperator:
                 else:
                     cur.node_id = rec.node_id
                 event(log, "target registered", target=nt.target_id, node=rec.node_id)
-            self._apply_reports(st, rec.node_id, reports)
+            self._apply_reports(st, rec.node_id, reports, arrived)
             self._publish(st, version)
         else:
-            self._apply_node(st, rec, False)
-            self._apply_reports(st, rec.node_id, reports)
+            self._apply_node(st, rec, False, arrived)
+            self._apply_reports(st, rec.node_id, reports, arrived)
 
-    def _apply_node(self, st: LeaderState, rec: mgmtd_pb2.NodeInfo, changed: bool) -> None:
+    def _apply_node(
+        self, st: LeaderState, rec: mgmtd_pb2.NodeInfo, changed: bool, arrived: float
+    ) -> None:
         now = self.clock.time()
         node = st.nodes.get(rec.node_id)
         if node is None:
@@ -510,12 +543,45 @@ class MgmtdOperator:
             self.kick.set()
         node.status = ONLINE
         node.last_heartbeat = now
+        self._heard(st, rec.node_id, arrived)
 
-    def _apply_reports(self, st: LeaderState, node_id: int, reports: Any) -> None:
+    def _heard(self, st: LeaderState, node_id: int, arrived: float) -> None:
+        """Note a heartbeat from ``node_id``; a long gap before it was the leader's deafness.
+
+        With two or more live nodes heartbeating, the leader hears someone at least every
+        heartbeat interval. A longer gap (:meth:`_deaf_after`) with nobody heard means the
+        leader (or the whole host) did not receive: its length is added to every node's
+        last contact, so that nobody's silence includes it (docstring of check_heartbeats).
+        """
+        gap = arrived - st.heard_any
+        if gap > self._deaf_after() and self._live_count(st) >= 2:
+            event(
+                log, "leader heard nobody", logging.WARNING, node=self.node_id, for_s=f"{gap:.1f}"
+            )
+            for nid in st.heard:
+                st.heard[nid] += gap
+            for tid in st.reported:
+                st.reported[tid] += gap
+        st.heard_any = max(st.heard_any, arrived)
+        st.heard[node_id] = max(st.heard.get(node_id, arrived), arrived)
+
+    def _deaf_after(self) -> float:
+        """Hearing nobody for longer than this is the leader's deafness, not the nodes' silence.
+
+        Two heartbeat intervals (a live node's gaps stay below one), and at least half the
+        timeout; always below the timeout's double, after which total quiet is an outage.
+        """
+        return max(2 * self.mcfg.heartbeat_interval_s, self.mcfg.heartbeat_timeout_s / 2)
+
+    def _live_count(self, st: LeaderState) -> int:
+        return sum(1 for n in st.nodes.values() if n.node_id != self.node_id and n.status == ONLINE)
+
+    def _apply_reports(self, st: LeaderState, node_id: int, reports: Any, arrived: float) -> None:
         now = self.clock.time()
         for r in reports:
             t = st.targets[r.target_id]
             t.last_report = now
+            st.reported[r.target_id] = max(st.reported.get(r.target_id, arrived), arrived)
             for fld in ("used_bytes", "free_bytes", "error_count"):
                 v = getattr(r, fld)
                 if getattr(t, fld) != v:
@@ -577,45 +643,67 @@ class MgmtdOperator:
             self._validate_node(req.node_id, req.type, req.address, req.targets)
             if req.hb_version <= 0:
                 raise invalid("hb_version must be > 0")
-            async with self._lock:
-                st = self._leader_state()
-                known = st.nodes.get(req.node_id)
-                if known is None and not self.mcfg.allow_unregistered:
-                    raise FsError(
-                        Code.UNKNOWN_NODE,
-                        f"node {req.node_id} is not registered (allow_unregistered=false)",
+            # Stamped on arrival: time spent waiting below for the lock (behind a tick's KV
+            # commit, say) is the leader's delay, not the node's silence; and while it waits,
+            # check_heartbeats sees it in _arriving and does not declare the node down.
+            arrived = self.clock.monotonic()
+            self._arriving[req.node_id] += 1
+            try:
+                version = await self._heartbeat_locked(req, arrived)
+            finally:
+                self._arriving[req.node_id] -= 1
+                if self._arriving[req.node_id] <= 0:
+                    del self._arriving[req.node_id]
+                waited = self.clock.monotonic() - arrived
+                if waited > self.mcfg.heartbeat_timeout_s / 2:
+                    event(
+                        log,
+                        "heartbeat delayed",
+                        logging.WARNING,
+                        node=req.node_id,
+                        waited_s=f"{waited:.1f}",
                     )
-                self._check_identity(st, req.node_id, req.type, req.address)
-                last = st.hb_versions.get(req.node_id)
-                if last is not None and req.hb_version <= last:
-                    raise FsError(
-                        Code.STALE_HEARTBEAT,
-                        f"heartbeat version {req.hb_version} of node {req.node_id} is not newer "
-                        f"than last={last}",
-                    )
-                self._check_targets(st, req.node_id, req.targets)
-                if known is not None:
-                    rec = self._node_record(
-                        req.node_id,
-                        req.type,
-                        req.address,
-                        req.data_address or known.data_address,
-                        req.hostname or known.hostname,
-                        req.name or known.name,
-                    )
-                else:
-                    rec = self._node_record(
-                        req.node_id, req.type, req.address, req.data_address, req.hostname, req.name
-                    )
-                await self._upsert_node(st, rec, req.targets, force_bump=known is None)
-                st.hb_versions[req.node_id] = req.hb_version
         except FsError as e:
             M_HEARTBEATS.labels(result=e.code.name.lower()).inc()
             raise
         M_HEARTBEATS.labels(result="ok").inc()
-        return mgmtd_pb2.HeartbeatResponse(
-            routing_version=st.version, last_hb_version=req.hb_version
-        )
+        return mgmtd_pb2.HeartbeatResponse(routing_version=version, last_hb_version=req.hb_version)
+
+    async def _heartbeat_locked(self, req: mgmtd_pb2.HeartbeatRequest, arrived: float) -> int:
+        """Apply one heartbeat under the lock; returns the routing version to answer."""
+        async with self._lock:
+            st = self._leader_state()
+            known = st.nodes.get(req.node_id)
+            if known is None and not self.mcfg.allow_unregistered:
+                raise FsError(
+                    Code.UNKNOWN_NODE,
+                    f"node {req.node_id} is not registered (allow_unregistered=false)",
+                )
+            self._check_identity(st, req.node_id, req.type, req.address)
+            last = st.hb_versions.get(req.node_id)
+            if last is not None and req.hb_version <= last:
+                raise FsError(
+                    Code.STALE_HEARTBEAT,
+                    f"heartbeat version {req.hb_version} of node {req.node_id} is not newer "
+                    f"than last={last}",
+                )
+            self._check_targets(st, req.node_id, req.targets)
+            if known is not None:
+                rec = self._node_record(
+                    req.node_id,
+                    req.type,
+                    req.address,
+                    req.data_address or known.data_address,
+                    req.hostname or known.hostname,
+                    req.name or known.name,
+                )
+            else:
+                rec = self._node_record(
+                    req.node_id, req.type, req.address, req.data_address, req.hostname, req.name
+                )
+            await self._upsert_node(st, rec, req.targets, force_bump=known is None, arrived=arrived)
+            st.hb_versions[req.node_id] = req.hb_version
+            return st.version
 
     # ================================================================== background
 
@@ -637,32 +725,66 @@ class MgmtdOperator:
             await self.bump_if_dirty(st)
 
     def check_heartbeats(self, st: LeaderState) -> None:
-        """Nodes silent past the timeout go OFFLINE, and so do their targets."""
-        now = self.clock.time()
+        """Nodes silent past the timeout go OFFLINE, and so do their targets.
+
+        Only silence the leader could have observed counts
+        (docs/chain-states.md#when-it-runs-and-who-triggers-it):
+
+        * silence is measured on the leader's monotonic clock from when a heartbeat
+          *arrived* (``LeaderState.heard``): a step of the wall clock is nobody's
+          silence, and neither is a wait for the lock behind a slow KV commit;
+        * a node with a heartbeat received but not applied yet (``_arriving``) is not silent;
+        * if this process did not run for a while (CPU starvation, SIGSTOP), the checks
+          came late: the lateness is added to everyone's last contact;
+        * if the leader heard *nobody* for a while (:meth:`_deaf_after`) while two or more
+          nodes are live, it cannot tell its own deafness (a stalled host, a stuck
+          transport) from a cluster-wide death: nobody is declared down until it hears
+          someone again (then the gap is discounted, see :meth:`_heard`) or the quiet lasts
+          two timeouts (a real total outage, declared one timeout later than a single failure).
+        """
+        mono = self.clock.monotonic()
         timeout = self.mcfg.heartbeat_timeout_s
-        # If this process itself did not run for a while (CPU starvation, a long pause),
-        # the heartbeats that arrived meanwhile are still queued behind this check: do not
-        # count our own stall as the nodes' silence (seen under load as every node declared
-        # down at once and back 100 ms later). Real time, so fake clocks in tests are unaffected;
-        # only delays detection by the stall, never declares anything earlier.
+        # Real time, so fake clocks in tests are unaffected; only delays detection by the
+        # stall, never declares anything earlier.
         real = time.monotonic()
         prev, self._last_check = self._last_check, (st.term, real)
         stall = 0.0
         if prev is not None and prev[0] == st.term and isinstance(self.clock, SystemClock):
             stall = real - prev[1] - 2 * self.mcfg.check_interval_s
         if stall > 0:
-            for node in st.nodes.values():
-                node.last_heartbeat += stall
-            for t in st.targets.values():
-                t.last_report += stall
-        if st.bootstrapping and now - st.started > timeout:
+            event(log, "leader stalled", logging.WARNING, node=self.node_id, stall_s=f"{stall:.1f}")
+            st.heard_any += stall  # the same gap is not discounted twice by _heard
+            for nid in st.heard:
+                st.heard[nid] += stall
+            for tid in st.reported:
+                st.reported[tid] += stall
+        if st.bootstrapping and self.clock.time() - st.started > timeout:
             st.bootstrapping = False
             st.dirty_major = True
         for node in st.nodes.values():
             if node.node_id == self.node_id:
-                node.status, node.last_heartbeat = ONLINE, now
-                continue
-            if node.status == ONLINE and now - node.last_heartbeat > timeout:
+                node.status, node.last_heartbeat = ONLINE, self.clock.time()
+                st.heard[node.node_id] = mono
+        quiet = mono - st.heard_any
+        if self._live_count(st) >= 2 and self._deaf_after() < quiet <= 2 * timeout:
+            if not st.deaf:
+                st.deaf = True
+                event(
+                    log,
+                    "leader hears nobody",
+                    logging.WARNING,
+                    node=self.node_id,
+                    quiet_s=f"{quiet:.1f}",
+                    action="nobody declared down until a heartbeat arrives or the quiet lasts 2 timeouts",
+                )
+            return
+        st.deaf = False
+
+        def silent(node_id: int, last: dict[int, float]) -> float:
+            return 0.0 if node_id in self._arriving else mono - last.get(node_id, float("-inf"))
+
+        for node in st.nodes.values():
+            if node.status == ONLINE and silent(node.node_id, st.heard) > timeout:
                 node.status = NODE_OFFLINE
                 st.dirty_major = True
                 event(
@@ -671,14 +793,17 @@ class MgmtdOperator:
                     logging.WARNING,
                     node=node.node_id,
                     name=node.name,
-                    silent_s=f"{now - node.last_heartbeat:.1f}",
+                    silent_s=f"{silent(node.node_id, st.heard):.1f}",
                 )
         for t in st.targets.values():
             if t.local_state == sm.LOCAL_OFFLINE:
                 continue
             owner = st.nodes.get(t.node_id)
             node_down = owner is None or owner.status != ONLINE
-            if node_down or now - t.last_report > timeout:
+            unreported = t.node_id not in self._arriving and (
+                mono - st.reported.get(t.target_id, float("-inf")) > timeout
+            )
+            if node_down or unreported:
                 event(
                     log,
                     "target local state",
@@ -798,8 +923,9 @@ class MgmtdOperator:
                 log.exception("background tick crashed")
             waiter = asyncio.ensure_future(self.kick.wait())
             stopper = asyncio.ensure_future(stop.wait())
+            t0 = time.monotonic()
             try:
-                await asyncio.wait(
+                done, _ = await asyncio.wait(
                     {waiter, stopper},
                     timeout=self.mcfg.check_interval_s,
                     return_when=asyncio.FIRST_COMPLETED,
@@ -807,6 +933,11 @@ class MgmtdOperator:
             finally:
                 waiter.cancel()
                 stopper.cancel()
+            # The event loop's own lag (a timer firing late: the loop thread was blocked or
+            # the process was not scheduled), as opposed to a tick waiting for a KV commit.
+            lag = time.monotonic() - t0 - self.mcfg.check_interval_s
+            if not done and lag > self.mcfg.heartbeat_timeout_s / 4:
+                event(log, "event loop lag", logging.WARNING, node=self.node_id, lag_s=f"{lag:.1f}")
 
     # ================================================================== admin
 

@@ -10,10 +10,18 @@ target's *local* state from them, following 3FS
   node's targets SERVING/SYNCING/WAITING (mgmtd noticed the absence), then report
   ``ONLINE`` — so a restarted target always goes through a resync;
 - ``ONLINE`` + public ``SERVING`` → ``UPTODATE`` (new chain, or LASTSRV back);
-- ``UPTODATE`` + public ``OFFLINE``/``LASTSRV``/``WAITING`` → ``OFFLINE`` (self-fencing;
-  the target stays fenced until the process restarts);
+- ``UPTODATE`` + public ``OFFLINE``/``LASTSRV``/``WAITING`` → ``OFFLINE`` and fenced
+  (self-fencing: mgmtd gave up on it, it may have missed writes). A fenced target
+  *rejoins* the way a starting node does, without a process restart: it reports
+  ``OFFLINE`` until routing shows it neither SERVING, SYNCING nor WAITING, then
+  ``ONLINE``. mgmtd then makes a returning LASTSRV target SERVING again (it holds
+  the newest data) and an OFFLINE one SYNCING (resynced from a serving
+  predecessor). While fenced it takes no update at all, and once ONLINE it only
+  takes what the routing of a newer chain version allows (every request carries
+  its chain version), so an update admitted under the old chain never lands;
 - ``syncDone`` from the predecessor → ``UPTODATE`` (:meth:`TargetMap.sync_done`);
-- a disk I/O error (EIO/EROFS) → ``OFFLINE`` until restart (:meth:`TargetMap.disk_error`).
+- a disk I/O error (EIO/EROFS) → ``OFFLINE`` until restart (:meth:`TargetMap.disk_error`):
+  a broken disk does not come back by itself.
 """
 
 from __future__ import annotations
@@ -111,6 +119,8 @@ class StorageTarget:
     chain_version: int = 0
     public_state: int = 0
     fenced: bool = False
+    # Fenced by routing (not by a disk error): rejoins once mgmtd shows it down.
+    rejoin: bool = False
     error_count: int = 0
     locks: ChunkLocks = field(default_factory=ChunkLocks)
 
@@ -222,8 +232,17 @@ class TargetMap:
             if t.local_state == L_ONLINE and t.public_state == SERVING:
                 changed |= self._set(t, L_UPTODATE, "public serving")
             elif t.local_state == L_UPTODATE and t.public_state in (OFFLINE, LASTSRV, WAITING):
-                t.fenced = True
+                t.fenced = t.rejoin = True
                 changed |= self._set(t, L_OFFLINE, f"fenced: published {_pub(t.public_state)}")
+        for t in self.targets.values():
+            # The start-up rule, per target: once mgmtd shows the fenced target neither
+            # serving nor in a resync it knows the target is out, and an ONLINE report
+            # makes it SERVING again (LASTSRV) or starts its resync (OFFLINE).
+            if t.rejoin and t.public_state not in (SERVING, SYNCING, WAITING):
+                t.fenced = t.rejoin = False
+                changed |= self._set(
+                    t, L_ONLINE, f"rejoin: mgmtd sees the target {_pub(t.public_state)}"
+                )
         return changed
 
     def sync_done(self, t: StorageTarget) -> bool:

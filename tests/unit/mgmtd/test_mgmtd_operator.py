@@ -367,8 +367,15 @@ def test_new_leader_loses_nothing_and_versions_stay_monotonic(clock: FakeClock) 
         assert [c.version for c in Routing(m2.op.routing()).chains()] == [
             c.version for c in old.chains()
         ]
-        # nodes that never report again are declared offline after the timeout
+        # nodes that never report again are declared offline; as nobody at all reports, the
+        # leader cannot tell this from its own deafness and waits two timeouts, not one
         clock.advance(6.0)
+        await m2.op.run_once()
+        assert all(
+            n.status == pb.NODE_STATUS_ONLINE for n in Routing(m2.op.routing()).storage_nodes()
+        )
+        assert (await m2.elector.run_once()).leader  # renew the lease meanwhile
+        clock.advance(5.0)
         await m2.op.run_once()
         r = Routing(m2.op.routing())
         assert all(n.status == pb.NODE_STATUS_OFFLINE for n in r.storage_nodes())
@@ -533,6 +540,9 @@ def test_metrics_follow_the_state(clock: FakeClock) -> None:
             == ok_before + 3
         )
         clock.advance(6.0)
+        await m.op.run_once()
+        assert (await m.elector.run_once()).leader
+        clock.advance(5.0)  # nobody at all reports: declared after two timeouts
         await m.op.run_once()
         assert REGISTRY.get_sample_value("fs3_mgmtd_nodes", {"status": "offline"}) == 3
         await m.op.on_lease_lost("test")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fs3.errors import Code, FsError
+from fs3.mgmtd import chains as sm
 from fs3.proto import mgmtd_pb2
 from fs3.routing import LASTSRV, OFFLINE, SERVING, SYNCING, WAITING, Routing
 from fs3.storage.chunk_engine import FileChunkEngine
@@ -77,10 +78,18 @@ def test_uptodate_but_published_down_fences(tmap: TargetMap, published: int) -> 
     t = tmap.targets[101]
     assert t.local_state == L_UPTODATE
     assert tmap.apply_routing(routing(3, 2, {101: published}))
-    assert t.local_state == L_OFFLINE and t.fenced
-    # fenced until restart, even if published serving again
-    tmap.apply_routing(routing(4, 3, {101: SERVING}))
-    assert t.local_state == L_OFFLINE and not t.serving
+    assert not t.serving and t.local_state != L_UPTODATE
+    if published == WAITING:
+        # mgmtd still counts it in a resync's queue: fenced, reported OFFLINE, no rejoin yet
+        assert t.fenced and t.local_state == L_OFFLINE
+        assert tmap.reports()[0].local_state == L_OFFLINE
+        assert not tmap.apply_routing(routing(4, 2, {101: WAITING}))
+        assert t.fenced and t.local_state == L_OFFLINE
+    else:
+        # mgmtd already shows it out: it rejoins at once, as ONLINE (the start-up rule)
+        assert not t.fenced and t.local_state == L_ONLINE
+        assert tmap.reports()[0].local_state == L_ONLINE
+        assert tmap.reports()[0].chain_version == 2  # based on the chain that fenced it
 
 
 def test_older_routing_is_ignored(tmap: TargetMap) -> None:
@@ -227,3 +236,108 @@ def test_a_cancelled_update_never_leaves_its_stage_running(tmap: TargetMap) -> N
             assert data == c, "bytes older than an acknowledged write came back"
 
     asyncio.run(main())
+
+
+def _chain(tm: TargetMap, version: int, chain_version: int, states: dict[int, int]) -> bool:
+    return tm.apply_routing(routing(version, chain_version, states))
+
+
+@pytest.fixture
+def three(tmp_path: Path) -> list[TargetMap]:
+    """Three nodes with one target each (101, 201, 301) on chain 1, all serving."""
+    maps = []
+    for tid in (101, 201, 301):
+        d = tmp_path / str(tid)
+        d.mkdir()
+        maps.append(TargetMap([StorageTarget(tid, str(d), FileChunkEngine(d, fsync=False))]))
+    for tm in maps:
+        _chain(tm, 1, 0, {})
+        _chain(tm, 2, 1, {101: SERVING, 201: SERVING, 301: SERVING})
+        assert next(iter(tm.targets.values())).serving
+    return maps
+
+
+def _local(tm: TargetMap) -> int:
+    return int(tm.reports()[0].local_state)
+
+
+def test_fenced_lastsrv_rejoins_serving_and_the_others_resync_from_it(
+    three: list[TargetMap],
+) -> None:
+    """The CI failure: mgmtd (stalled) declared every node down; the nodes were alive.
+
+    Chain 1 became ``101:lastsrv,201:offline,301:offline``; every target fenced itself and,
+    before the rejoin rule, stayed OFFLINE until its process restarted, so the chain never
+    served again. Now each one rejoins the way a starting node does; fed through mgmtd's
+    state machine (fs3.mgmtd.chains.next_chain), 101 serves again at once and 201, 301
+    resync from it one at a time.
+    """
+    a, b, c = three
+    order = [(101, SERVING), (201, SERVING), (301, SERVING)]
+    version, cver = 2, 1
+
+    def publish() -> None:
+        nonlocal version
+        version += 1
+        states = dict(order)
+        for tm in three:
+            _chain(tm, version, cver, states)
+
+    def mgmtd_round(local: dict[int, int]) -> None:
+        nonlocal order, cver
+        before = [sm.ChainTarget(tid, ps, local[tid]) for tid, ps in order]
+        after = sm.next_chain(before)
+        if sm.chain_changed(before, after):
+            order = [(t.target_id, t.public) for t in after]
+            cver += 1
+            publish()
+
+    # mgmtd declared all three nodes down in one round
+    mgmtd_round({101: sm.LOCAL_OFFLINE, 201: sm.LOCAL_OFFLINE, 301: sm.LOCAL_OFFLINE})
+    assert order == [(101, LASTSRV), (201, OFFLINE), (301, OFFLINE)]
+    for tm in three:  # nobody serves: the fenced ones never serve stale data
+        t = next(iter(tm.targets.values()))
+        assert not t.serving
+        assert _local(tm) == L_ONLINE  # rejoined: mgmtd shows each of them out
+    # the nodes' next heartbeats (ONLINE, based on the current chain version) reach mgmtd
+    mgmtd_round({101: L_ONLINE, 201: L_ONLINE, 301: L_ONLINE})
+    assert order[0] == (101, SERVING)  # the LASTSRV target serves again, directly
+    assert sorted(ps for _, ps in order[1:]) == [SYNCING, WAITING]  # one resync at a time
+    assert a.targets[101].serving and a.reports()[0].local_state == L_UPTODATE
+    # the routing names 101 as the predecessor of the SYNCING one: it sends the resync
+    syncing = next(tid for tid, ps in order if ps == SYNCING)
+    assert a.routing.predecessor(1, syncing) == 101
+    first = b if syncing == 201 else c
+    assert first.sync_done(first.targets[syncing])
+    mgmtd_round({101: _local(a), 201: _local(b), 301: _local(c)})
+    assert dict(order)[syncing] == SERVING
+    other = 301 if syncing == 201 else 201
+    assert dict(order)[other] == SYNCING
+    second = c if other == 301 else b
+    assert second.sync_done(second.targets[other])
+    mgmtd_round({101: _local(a), 201: _local(b), 301: _local(c)})
+    assert order == [(101, SERVING), (syncing, SERVING), (other, SERVING)]
+    assert all(next(iter(tm.targets.values())).serving for tm in three)
+
+
+def test_a_rejoining_target_takes_no_update_of_the_old_chain(three: list[TargetMap]) -> None:
+    """Fenced and rejoined: it neither serves nor counts as on the write path, and its chain
+    version is the one that fenced it, so a request of the old chain is refused."""
+    _, b, _ = three
+    t = b.targets[201]
+    _chain(b, 3, 2, {101: SERVING, 301: SERVING, 201: OFFLINE})
+    assert t.local_state == L_ONLINE and not t.serving and t.chain_version == 2
+    assert t.public_state == OFFLINE  # craq refuses updates unless SERVING/SYNCING
+    # only a resync makes it up to date: ONLINE + SYNCING stays ONLINE
+    assert not _chain(b, 4, 3, {101: SERVING, 301: SERVING, 201: SYNCING})
+    assert t.local_state == L_ONLINE and not t.serving
+
+
+def test_a_disk_error_still_fences_until_restart(tmap: TargetMap) -> None:
+    tmap.apply_routing(routing(1, 0, {}))
+    tmap.apply_routing(routing(2, 1, {101: SERVING}))
+    t = tmap.targets[101]
+    assert tmap.disk_error(t, "EIO")
+    tmap.apply_routing(routing(3, 2, {101: OFFLINE}))
+    tmap.apply_routing(routing(4, 3, {101: LASTSRV}))
+    assert t.fenced and t.local_state == L_OFFLINE and tmap.reports()[0].local_state == L_OFFLINE
