@@ -275,3 +275,59 @@ def test_answer_payload_above_the_limit_fails_alone() -> None:
             await pool.close()
 
     run(main())
+
+
+def test_write_payloads_land_in_reused_memory_and_kept_ones_stay_intact() -> None:
+    """Request payloads are received into pooled memory (fs3.rpc.native.pool): a
+    run of 1 MiB writes allocates nothing payload-sized and reuses one mapping,
+    and a payload a handler keeps is never handed to a later call."""
+
+    class Keeping(BulkStorage):
+        def __init__(self) -> None:
+            super().__init__()
+            self.kept: list[memoryview] = []
+            self.keep = False
+
+        async def Write(self, request: Any, context: Any) -> Any:
+            if self.keep:
+                p = request_payload(context)
+                assert p is not None
+                self.kept.append(p[10:20])  # a slice of it is enough to hold it
+            return await super().Write(request, context)
+
+    async def main() -> None:
+        settings.configure(RpcSection())
+        async with Node() as node:
+            storage = Keeping()
+            node.server.native.handlers.clear()
+            node.server.native.add_servicer("fs3.v1.StorageService", storage)
+            payload_pool = node.server.native.payload_pool
+            pool = ChannelPool("native")
+            stub = storage_pb2_grpc.StorageServiceStub(pool.get(node.address))
+            req = storage_pb2.WriteRequest()
+            datas = [bytes([i]) * MIB for i in range(3)]
+            await call(stub.Write, req, timeout=10, payload=datas[0])  # connect, warm up
+            tracemalloc.start()
+            try:
+                for i in range(20):
+                    r = await call(stub.Write, req, timeout=10, payload=datas[i % 2])
+                    assert r.result.checksum == crc32c.crc32c(datas[i % 2])
+                _cur, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+            assert peak < MIB // 4, f"peak {peak} bytes traced during 20 writes of 1 MiB"
+            assert payload_pool.cached_bytes == MIB  # one mapping, reused by every write
+            storage.keep = True
+            await call(stub.Write, req, timeout=10, payload=datas[1])
+            storage.keep = False
+            for _ in range(3):
+                r = await call(stub.Write, req, timeout=10, payload=datas[2])
+                assert r.result.checksum == crc32c.crc32c(datas[2])
+            assert bytes(storage.kept[0]) == b"\x01" * 10  # not overwritten by later writes
+            assert payload_pool.cached_bytes == 2 * MIB  # the kept one, and one reused
+            storage.kept.clear()
+            await call(stub.Write, req, timeout=10, payload=datas[0])
+            assert payload_pool.cached_bytes == 2 * MIB  # released: reused, not a third
+            await pool.close()
+
+    run(main())
