@@ -331,3 +331,42 @@ def test_write_payloads_land_in_reused_memory_and_kept_ones_stay_intact() -> Non
             await pool.close()
 
     run(main())
+
+
+def test_a_payload_after_a_small_first_read_goes_straight_to_its_destination() -> None:
+    """An idle receiver offers a small first read (fs3.rpc.native.wire.RECV_IDLE_BYTES):
+    only that much of a payload passes through the shared buffer (and is copied
+    from it); every later read lands in the destination itself."""
+    from fs3.rpc.native import wire
+
+    payload = random.Random(3).randbytes(MIB)
+    dest = memoryview(bytearray(MIB))
+    got: list[tuple[Any, ...]] = []
+
+    class Receiver(wire.FrameReceiver):
+        def payload_buffer(self, kind: int, rid: int, length: int, body: Any) -> Any:
+            return dest[:length]
+
+        def frame_received(self, *frame: Any) -> None:
+            got.append(frame)
+
+        def violation(self, message: str) -> None:
+            raise AssertionError(message)
+
+    async def main() -> None:
+        r = Receiver()
+        data = memoryview(wire.pack(wire.CALL, wire.HAS_MESSAGE, 1, 9, 0, b"body", MIB) + payload)
+        reads = []
+        while len(data):  # a socket with everything queued fills each buffer it is given
+            view = r.get_buffer(-1)
+            k = min(len(view), len(data))
+            view[:k] = data[:k]
+            reads.append((k, view.obj is dest.obj))
+            r.buffer_updated(k)
+            data = data[k:]
+        assert reads[0] == (wire.RECV_IDLE_BYTES, False)
+        assert all(into_dest for _k, into_dest in reads[1:]), reads
+        assert len(got) == 1 and got[0][3] == 9 and bytes(got[0][5]) == b"body"
+        assert dest == memoryview(payload)
+
+    run(main())
