@@ -9,6 +9,9 @@ What it measures (client on uvloop, servers in their own processes):
   (memory KV), over gRPC direct (``[rpc] grpc_port``), gRPC through the main
   port's relay, native over TCP and native over the server's Unix socket; server
   CPU is the meta process's (all threads, from ``/proc/PID/task/*/schedstat``);
+* native-fixed: the same GetAttr over native TCP to a server that answers a
+  fixed message (the root's attributes, the same bytes): the transport and its
+  dispatch without the meta work, to tell the two apart in one run;
 * the floor beside them: a bare length-prefixed 200-byte echo on uvloop
   ``asyncio.Protocol`` in both processes (no protobuf, no handler: the
   ``tools/floors/rpcbench.py`` probe), measured in the same run;
@@ -88,8 +91,19 @@ def wait_port(port: int, proc: subprocess.Popen[Any], timeout: float = 60) -> No
 
 
 def serve_bulk(port: int) -> None:
-    """A StorageService whose Write keeps the payload and BatchRead answers 1 MiB."""
+    """A StorageService whose Write keeps the payload and BatchRead answers 1 MiB,
+    and a MetaService whose GetAttr answers a fixed message: the root's attributes
+    as the meta servicer gives them (the same bytes as the native rows' calls),
+    so the native-fixed row is the transport and dispatch without the meta work."""
+    from fs3.kv.memory import MemoryDatabase
+    from fs3.meta.operator import MetaOperator
     from fs3.rpc.server import add_servicer, bind, create_server
+
+    root = MetaOperator(MemoryDatabase()).read_once("getattr", _getattr_request())
+
+    class Fixed(meta_pb2_grpc.MetaServiceServicer):
+        async def GetAttr(self, request: Any, context: Any) -> Any:
+            return root
 
     reply = memoryview(os.urandom(MIB))
 
@@ -108,11 +122,16 @@ def serve_bulk(port: int) -> None:
     async def main() -> None:
         server = create_server()
         add_servicer(server, storage_pb2_grpc.add_StorageServiceServicer_to_server, Bulk())
+        add_servicer(server, meta_pb2_grpc.add_MetaServiceServicer_to_server, Fixed())
         bind(server, "127.0.0.1", port)
         await server.start()
         await asyncio.Event().wait()
 
     run(main())
+
+
+def _getattr_request() -> Any:
+    return meta_pb2.GetAttrRequest(user=common_pb2.UserInfo(uid=0, gid=0), inode=1)
 
 
 def serve_plain(port: int, uds: str) -> None:
@@ -233,7 +252,7 @@ def process_cpu_s(pid: int) -> float:
 
 async def seq_calls(stub: Any, n: int, server_pid: int) -> tuple[float, float, float]:
     """calls/s, client CPU µs/call, server CPU µs/call."""
-    req = meta_pb2.GetAttrRequest(user=common_pb2.UserInfo(uid=0, gid=0), inode=1)
+    req = _getattr_request()
     for _ in range(50):  # connect, warm up
         await stub.GetAttr(req, timeout=10)
     t0, c0, s0 = time.perf_counter(), time.process_time(), process_cpu_s(server_pid)
@@ -245,7 +264,7 @@ async def seq_calls(stub: Any, n: int, server_pid: int) -> tuple[float, float, f
 
 
 async def inflight_calls(stub: Any, n: int, depth: int = 64) -> float:
-    req = meta_pb2.GetAttrRequest(user=common_pb2.UserInfo(uid=0, gid=0), inode=1)
+    req = _getattr_request()
     await stub.GetAttr(req, timeout=10)
     per = n // depth
 
@@ -720,8 +739,14 @@ def main() -> int:
             t, proto = await asyncio.get_running_loop().create_connection(
                 _FloorProtocol, "127.0.0.1", floor_port
             )
+            stubs["native-fixed"] = meta_pb2_grpc.MetaServiceStub(
+                pools["native-tcp"].get(bulk_addr)
+            )
             stubs["floor-echo"] = FloorStub(proto)
-            pids = {name: meta_pid for name in stubs} | {"floor-echo": floor_pid}
+            pids = {name: meta_pid for name in stubs} | {
+                "native-fixed": bulk_pid,
+                "floor-echo": floor_pid,
+            }
             seq: dict[str, list[tuple[float, float, float]]] = {name: [] for name in stubs}
             inflight: dict[str, list[float]] = {name: [] for name in stubs if name != "floor-echo"}
             for _ in range(args.rounds):
@@ -787,7 +812,7 @@ def main() -> int:
         "| 64 in flight calls/s |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    names = ("grpc", "grpc-relay", "native-tcp", "native-uds", "floor-echo")
+    names = ("grpc", "grpc-relay", "native-tcp", "native-uds", "native-fixed", "floor-echo")
     for name in names:
         r = rows[name]
         infl = f"{r['inflight']:,.0f}" if "inflight" in r else "-"
