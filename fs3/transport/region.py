@@ -22,7 +22,7 @@ import stat
 import uuid
 
 from fs3.errors import Code, FsError, invalid
-from fs3.rpc.native.pool import MappingPool
+from fs3.rpc.native.pool import BufferPool
 
 SHM_DIR = "/dev/shm"
 
@@ -98,7 +98,7 @@ class PrivateCopies:
     """
 
     def __init__(self, cache_bytes: int = 64 << 20) -> None:
-        self._mappings = MappingPool(cache_bytes)
+        self._mappings = BufferPool(cache_bytes)
 
     def copy(self, src: memoryview) -> memoryview:
         """A private, page-aligned copy of ``src`` (valid while the caller keeps it)."""

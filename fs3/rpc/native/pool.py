@@ -1,20 +1,22 @@
-"""Reusable private memory for bulk bytes: anonymous mappings lent as buffers.
+"""Reusable private memory for bulk bytes, lent as buffers.
 
-A mapping is lent as a memoryview of it and lent again only once no view of it
-is left anywhere: every memoryview of a mapping (and every slice of one) holds
+A buffer is lent as a memoryview of it and lent again only once no view of it
+is left anywhere: every memoryview of a buffer (and every slice of one) holds
 a reference to it, so ``sys.getrefcount`` tells when nobody uses it, and there
-is no release call for a caller to forget. Mappings come in power-of-two size
-classes, are page aligned (an ``O_DIRECT`` write can use them as they are) and
-are pooled up to ``cache_bytes``; beyond that a buffer gets a mapping of its
-own, unmapped when its last view goes.
+is no release call for a caller to forget. Buffers come in power-of-two size
+classes and are pooled up to ``cache_bytes``; beyond that a buffer is made for
+the one use and freed when its last view goes.
 
 Why: receiving bulk bytes into fresh memory costs a zero-fill (``bytearray``'s
 memset, or the kernel's page faults for a fresh mapping) and an allocation on
 top of the copy out of the socket: about 30 µs of a 1 MiB payload's receive
-path on this VM (``benchmarks/rpc.py --paths``), a sixth of it or more. The
-native server receives request payloads into these
+path on this VM (``benchmarks/rpc.py --paths``), a sixth of it or more.
+
+What a buffer is, the caller says (``make``): the native server receives
+request payloads into ``bytearray`` buffers
 (:class:`fs3.rpc.native.server.ServerConnection`), the storage node copies
-one-sided payloads into them (:class:`fs3.transport.region.PrivateCopies`).
+one-sided payloads into page-aligned anonymous mappings
+(:func:`anonymous_mapping`, :class:`fs3.transport.region.PrivateCopies`).
 """
 
 from __future__ import annotations
@@ -22,23 +24,33 @@ from __future__ import annotations
 import mmap
 import sys
 import threading
+from collections.abc import Callable
+from typing import Any
 
-MIN_CLASS = 64 << 10  # smallest pooled mapping (sizes are rounded up to a power of two)
+MIN_CLASS = 64 << 10  # smallest pooled buffer (sizes are rounded up to a power of two)
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
-# sys.getrefcount of a pooled mapping nobody uses: its list, the loop name, the call's argument
+# sys.getrefcount of a pooled buffer nobody uses: its list, the loop name, the call's argument
 _IDLE_REFS = 3
 
 
-class MappingPool:
-    """Lends ``take(n)`` buffers of private memory, reused once no view of them is left.
+def anonymous_mapping(size: int) -> mmap.mmap:
+    """``size`` bytes of private, page-aligned memory, faulted in up front."""
+    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_POPULATE)
+
+
+class BufferPool:
+    """Lends ``take(n)`` buffers made by ``make(size)``, reused once no view of them is left.
 
     Thread safe: a view may be dropped on any thread (a handler's worker
     thread), and ``take`` may run on several.
     """
 
-    def __init__(self, cache_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self, cache_bytes: int = 64 << 20, make: Callable[[int], Any] = anonymous_mapping
+    ) -> None:
         self.cache_bytes = cache_bytes
-        self._pool: dict[int, list[mmap.mmap]] = {}
+        self._make = make
+        self._pool: dict[int, list[Any]] = {}
         self._cached = 0
         self._lock = threading.Lock()
 
@@ -50,11 +62,10 @@ class MappingPool:
         size = max(MIN_CLASS, 1 << (n - 1).bit_length())
         with self._lock:
             pooled = self._pool.setdefault(size, [])
-            for mm in pooled:
-                if sys.getrefcount(mm) <= _IDLE_REFS:  # no view of it is left
-                    return memoryview(mm)[:n]
-            flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_POPULATE
-            fresh = mmap.mmap(-1, size, flags=flags)
+            for buf in pooled:
+                if sys.getrefcount(buf) <= _IDLE_REFS:  # no view of it is left
+                    return memoryview(buf)[:n]
+            fresh = self._make(size)
             if self._cached + size <= self.cache_bytes:
                 pooled.append(fresh)
                 self._cached += size
@@ -62,8 +73,8 @@ class MappingPool:
 
     @property
     def cached_bytes(self) -> int:
-        """Bytes of pooled mappings (tests, metrics)."""
+        """Bytes of pooled buffers (tests, metrics)."""
         return self._cached
 
 
-__all__ = ["MIN_CLASS", "MappingPool"]
+__all__ = ["MIN_CLASS", "BufferPool", "anonymous_mapping"]

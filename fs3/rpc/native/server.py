@@ -46,7 +46,7 @@ from fs3.errors import Code, FsError
 from fs3.proto import common_pb2
 from fs3.rpc.native import wire
 from fs3.rpc.native.methods import BY_ID, Method, service_methods
-from fs3.rpc.native.pool import MIN_CLASS, MappingPool
+from fs3.rpc.native.pool import MIN_CLASS, BufferPool
 from fs3.rpc.native.wire import (
     AUTH,
     CALL,
@@ -929,8 +929,10 @@ class NativeServer:
         self.grpc_relay_path = ""
         self._servers: list[asyncio.AbstractServer] = []
         self._connections: set[ServerConnection] = set()
-        # request payloads of every connection are received into these
-        self.payload_pool = MappingPool(PAYLOAD_POOL_BYTES)
+        # request payloads of every connection are received into these: bytearrays,
+        # as fresh ones were, not page-aligned mappings (an aligned payload turns
+        # the storage node's chunk writes to O_DIRECT, fs3.storage.chunk_data)
+        self.payload_pool = BufferPool(PAYLOAD_POOL_BYTES, bytearray)
 
     def add_servicer(self, service: str, servicer: Any) -> None:
         """Serve every method of proto ``service`` (full name) that ``servicer`` implements."""

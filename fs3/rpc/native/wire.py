@@ -320,6 +320,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
                 grown = bytearray(2 * len(self._buf))
                 grown[:n] = self._buf
                 self._buf, self._view = grown, memoryview(grown)
+                self._idle_view = self._view[:RECV_IDLE_BYTES]
         return self._view[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:

@@ -279,7 +279,7 @@ def test_answer_payload_above_the_limit_fails_alone() -> None:
 
 def test_write_payloads_land_in_reused_memory_and_kept_ones_stay_intact() -> None:
     """Request payloads are received into pooled memory (fs3.rpc.native.pool): a
-    run of 1 MiB writes allocates nothing payload-sized and reuses one mapping,
+    run of 1 MiB writes allocates nothing payload-sized and reuses one buffer,
     and a payload a handler keeps is never handed to a later call."""
 
     class Keeping(BulkStorage):
@@ -316,7 +316,7 @@ def test_write_payloads_land_in_reused_memory_and_kept_ones_stay_intact() -> Non
             finally:
                 tracemalloc.stop()
             assert peak < MIB // 4, f"peak {peak} bytes traced during 20 writes of 1 MiB"
-            assert payload_pool.cached_bytes == MIB  # one mapping, reused by every write
+            assert payload_pool.cached_bytes == MIB  # one buffer, reused by every write
             storage.keep = True
             await call(stub.Write, req, timeout=10, payload=datas[1])
             storage.keep = False
@@ -368,5 +368,48 @@ def test_a_payload_after_a_small_first_read_goes_straight_to_its_destination() -
         assert all(into_dest for _k, into_dest in reads[1:]), reads
         assert len(got) == 1 and got[0][3] == 9 and bytes(got[0][5]) == b"body"
         assert dest == memoryview(payload)
+
+    run(main())
+
+
+def test_reads_after_the_receive_buffer_grew_land_in_the_grown_buffer() -> None:
+    """While parsing is paused a full buffer of unparsed frames makes the receiver
+    take a larger one; the small first read of an idle receiver must then be a
+    view of that new buffer (frames read into the old one would be lost)."""
+    from fs3.rpc.native import wire
+
+    got: list[int] = []
+
+    class Receiver(wire.FrameReceiver):
+        def frame_received(self, *frame: Any) -> None:
+            got.append(frame[3])  # the request id
+
+        def violation(self, message: str) -> None:
+            raise AssertionError(message)
+
+    def feed(r: Receiver, data: bytes) -> None:
+        view = memoryview(data)
+        while len(view):
+            buf = r.get_buffer(-1)
+            k = min(len(buf), len(view))
+            buf[:k] = view[:k]
+            r.buffer_updated(k)
+            view = view[k:]
+
+    async def main() -> None:
+        r = Receiver()
+        body = b"x" * (4096 - wire.HEADER_SIZE)
+        frames = b"".join(
+            wire.pack(wire.CALL, wire.HAS_MESSAGE, 1, rid, 0, body)
+            for rid in range(1, wire.RECV_BUFFER_BYTES // 4096 + 1)
+        )
+        r._parse_paused = True  # as a subclass that stopped reading does
+        feed(r, frames)  # fills the whole receive buffer, nothing parsed
+        r.get_buffer(-1)  # the transport reads on: the buffer grows
+        r.resume_parsing()
+        n = len(got)
+        assert n == wire.RECV_BUFFER_BYTES // 4096
+        feed(r, wire.pack(wire.CALL, wire.HAS_MESSAGE, 1, 7777, 0, b"after"))
+        assert got[n:] == [7777]
 
     run(main())

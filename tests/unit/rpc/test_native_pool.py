@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 
-from fs3.rpc.native.pool import MIN_CLASS, MappingPool
+from fs3.rpc.native.pool import MIN_CLASS, BufferPool, anonymous_mapping
 
 pytestmark = pytest.mark.timeout(30)
 
+MAKERS = pytest.mark.parametrize("make", [anonymous_mapping, bytearray], ids=["mmap", "bytearray"])
 
-def test_buffer_is_reused_only_when_no_view_is_left() -> None:
-    pool = MappingPool(cache_bytes=4 * MIN_CLASS)
+
+@MAKERS
+def test_buffer_is_reused_only_when_no_view_is_left(make: Any) -> None:
+    pool = BufferPool(cache_bytes=4 * MIN_CLASS, make=make)
     a = pool.take(1000)
     assert len(a) == 1000 and not a.readonly
     a[:3] = b"abc"
@@ -30,8 +34,9 @@ def test_buffer_is_reused_only_when_no_view_is_left() -> None:
     assert bytes(d[:3]) == b"abc" and pool.cached_bytes == 3 * MIN_CLASS
 
 
-def test_sizes_round_up_to_a_class_and_the_cap_holds() -> None:
-    pool = MappingPool(cache_bytes=3 * MIN_CLASS)
+@MAKERS
+def test_sizes_round_up_to_a_class_and_the_cap_holds(make: Any) -> None:
+    pool = BufferPool(cache_bytes=3 * MIN_CLASS, make=make)
     big = pool.take(MIN_CLASS + 1)  # a 2 * MIN_CLASS mapping
     small = [pool.take(10) for _ in range(3)]  # one pooled, two beyond the cap
     assert pool.cached_bytes == 3 * MIN_CLASS
@@ -42,8 +47,9 @@ def test_sizes_round_up_to_a_class_and_the_cap_holds() -> None:
     assert pool.cached_bytes == 3 * MIN_CLASS
 
 
-def test_views_dropped_on_other_threads_free_the_buffer() -> None:
-    pool = MappingPool(cache_bytes=MIN_CLASS)
+@MAKERS
+def test_views_dropped_on_other_threads_free_the_buffer(make: Any) -> None:
+    pool = BufferPool(cache_bytes=MIN_CLASS, make=make)
     box = [pool.take(100)]
     t = threading.Thread(target=box.clear)
     t.start()
