@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -125,7 +126,10 @@ def serve_bulk(port: int) -> None:
         add_servicer(server, meta_pb2_grpc.add_MetaServiceServicer_to_server, Fixed())
         bind(server, "127.0.0.1", port)
         await server.start()
-        await asyncio.Event().wait()
+        stop = asyncio.Event()  # SIGTERM (the benchmark ending): remove the socket files
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+        await server.stop(0)
 
     run(main())
 
