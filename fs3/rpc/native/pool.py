@@ -9,8 +9,9 @@ the one use and freed when its last view goes.
 
 Why: receiving bulk bytes into fresh memory costs a zero-fill (``bytearray``'s
 memset, or the kernel's page faults for a fresh mapping) and an allocation on
-top of the copy out of the socket: about 30 µs of a 1 MiB payload's receive
-path on this VM (``benchmarks/rpc.py --paths``), a sixth of it or more.
+top of the copy out of the socket: 30-60 µs of a 1 MiB payload's receive path
+on this VM, a sixth to a third of it (``benchmarks/rpc.py --paths``,
+benchmarks/results/rpc-20261202-1.md).
 
 What a buffer is, the caller says (``make``): the native server receives
 request payloads into ``bytearray`` buffers
