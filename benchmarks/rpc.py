@@ -9,20 +9,25 @@ What it measures (client on uvloop, servers in their own processes):
   (memory KV), over gRPC direct (``[rpc] grpc_port``), gRPC through the main
   port's relay, native over TCP and native over the server's Unix socket; server
   CPU is the meta process's (all threads, from ``/proc/PID/task/*/schedstat``);
+* native-fixed: the same GetAttr over native TCP to a server that answers a
+  fixed message (the root's attributes, the same bytes): the transport and its
+  dispatch without the meta work, to tell the two apart in one run;
 * the floor beside them: a bare length-prefixed 200-byte echo on uvloop
   ``asyncio.Protocol`` in both processes (no protobuf, no handler: the
   ``tools/floors/rpcbench.py`` probe), measured in the same run;
 * 64 calls in flight on one connection (64 tasks calling in a loop): calls/s;
-* 1 MiB payloads, sequential write and read: MB/s over the native transport
-  (the payload travels as the frame's bulk payload, received into the
-  destination buffer) against a plain Python blocking-socket ``sendall`` /
-  ``recv_into`` loop on the same loopback in the same run (the ratio is the figure),
-  over TCP and over a Unix socket (native-uds is given against both).
+* 1 MiB payloads, sequential write and read: MB/s and client and server CPU µs
+  per MiB over the native transport (the payload travels as the frame's bulk
+  payload, received into the destination buffer) against a plain Python
+  blocking-socket ``sendall`` / ``recv_into`` loop on the same loopback, over TCP
+  and over a Unix socket; every round measures all four one after the other and
+  a ratio is the median of the per-round ratios (the VM's speed swings between
+  rounds far more than between two transfers of one round).
   The bulk server is a scripted StorageService (Write keeps the payload, BatchRead
   answers 1 MiB from a buffer) on the real ``RpcServer``: it measures the transport,
   not the chunk engine.
 
-The sequential and 64-in-flight measurements run in ``--rounds`` rounds, each
+The sequential, 64-in-flight and 1 MiB measurements run in ``--rounds`` rounds, each
 round measuring every transport one after the other (interleaved, so a change
 of machine load between two transports is as likely either way); the table
 gives each figure's median over the rounds, and "× grpc" is the median of the
@@ -41,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -86,8 +92,19 @@ def wait_port(port: int, proc: subprocess.Popen[Any], timeout: float = 60) -> No
 
 
 def serve_bulk(port: int) -> None:
-    """A StorageService whose Write keeps the payload and BatchRead answers 1 MiB."""
+    """A StorageService whose Write keeps the payload and BatchRead answers 1 MiB,
+    and a MetaService whose GetAttr answers a fixed message: the root's attributes
+    as the meta servicer gives them (the same bytes as the native rows' calls),
+    so the native-fixed row is the transport and dispatch without the meta work."""
+    from fs3.kv.memory import MemoryDatabase
+    from fs3.meta.operator import MetaOperator
     from fs3.rpc.server import add_servicer, bind, create_server
+
+    root = MetaOperator(MemoryDatabase()).read_once("getattr", _getattr_request())
+
+    class Fixed(meta_pb2_grpc.MetaServiceServicer):
+        async def GetAttr(self, request: Any, context: Any) -> Any:
+            return root
 
     reply = memoryview(os.urandom(MIB))
 
@@ -106,11 +123,19 @@ def serve_bulk(port: int) -> None:
     async def main() -> None:
         server = create_server()
         add_servicer(server, storage_pb2_grpc.add_StorageServiceServicer_to_server, Bulk())
+        add_servicer(server, meta_pb2_grpc.add_MetaServiceServicer_to_server, Fixed())
         bind(server, "127.0.0.1", port)
         await server.start()
-        await asyncio.Event().wait()
+        stop = asyncio.Event()  # SIGTERM (the benchmark ending): remove the socket files
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+        await server.stop(0)
 
     run(main())
+
+
+def _getattr_request() -> Any:
+    return meta_pb2.GetAttrRequest(user=common_pb2.UserInfo(uid=0, gid=0), inode=1)
 
 
 def serve_plain(port: int, uds: str) -> None:
@@ -231,7 +256,7 @@ def process_cpu_s(pid: int) -> float:
 
 async def seq_calls(stub: Any, n: int, server_pid: int) -> tuple[float, float, float]:
     """calls/s, client CPU µs/call, server CPU µs/call."""
-    req = meta_pb2.GetAttrRequest(user=common_pb2.UserInfo(uid=0, gid=0), inode=1)
+    req = _getattr_request()
     for _ in range(50):  # connect, warm up
         await stub.GetAttr(req, timeout=10)
     t0, c0, s0 = time.perf_counter(), time.process_time(), process_cpu_s(server_pid)
@@ -243,7 +268,7 @@ async def seq_calls(stub: Any, n: int, server_pid: int) -> tuple[float, float, f
 
 
 async def inflight_calls(stub: Any, n: int, depth: int = 64) -> float:
-    req = meta_pb2.GetAttrRequest(user=common_pb2.UserInfo(uid=0, gid=0), inode=1)
+    req = _getattr_request()
     await stub.GetAttr(req, timeout=10)
     per = n // depth
 
@@ -256,7 +281,28 @@ async def inflight_calls(stub: Any, n: int, depth: int = 64) -> float:
     return per * depth / (time.perf_counter() - t0)
 
 
-async def bulk_native(stub: Any, mib: int) -> tuple[float, float]:
+def _timed(fn: Any, mib: int, server_pid: int) -> tuple[float, float, float]:
+    """MB/s, client and server CPU µs per MiB of ``mib`` runs of ``fn`` (one 1 MiB transfer)."""
+    t0, c0, s0 = time.perf_counter(), time.process_time(), process_cpu_s(server_pid)
+    fn()
+    dt, dc = time.perf_counter() - t0, time.process_time() - c0
+    ds = process_cpu_s(server_pid) - s0
+    return mib * MIB / dt / 1e6, dc / mib * 1e6, ds / mib * 1e6
+
+
+async def _atimed(coro: Any, mib: int, server_pid: int) -> tuple[float, float, float]:
+    t0, c0, s0 = time.perf_counter(), time.process_time(), process_cpu_s(server_pid)
+    await coro
+    dt, dc = time.perf_counter() - t0, time.process_time() - c0
+    ds = process_cpu_s(server_pid) - s0
+    return mib * MIB / dt / 1e6, dc / mib * 1e6, ds / mib * 1e6
+
+
+# one round of 1 MiB transfers: write and read, each (MB/s, client CPU µs/MiB, server CPU µs/MiB)
+Bulk = dict[str, tuple[float, float, float]]
+
+
+async def bulk_native(stub: Any, mib: int, server_pid: int) -> Bulk:
     data = memoryview(os.urandom(MIB))
     dest = memoryview(bytearray(MIB))
     wreq = storage_pb2.WriteRequest()
@@ -265,21 +311,26 @@ async def bulk_native(stub: Any, mib: int) -> tuple[float, float]:
     for _ in range(5):
         await stub.Write(wreq, timeout=30, payload=data)
         await stub.BatchRead(rreq, timeout=30, into=dest)
-    t0 = time.perf_counter()
-    for _ in range(mib):
-        resp = await stub.Write(wreq, timeout=30, payload=data)
-        assert resp.result.length == MIB
-    w = mib / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    for _ in range(mib):
-        _resp, n = await stub.BatchRead(rreq, timeout=30, into=dest)
-        assert n == MIB
-    r = mib / (time.perf_counter() - t0)
+
+    async def writes() -> None:
+        for _ in range(mib):
+            resp = await stub.Write(wreq, timeout=30, payload=data)
+            assert resp.result.length == MIB
+
+    async def reads() -> None:
+        for _ in range(mib):
+            _resp, n = await stub.BatchRead(rreq, timeout=30, into=dest)
+            assert n == MIB
+
+    out = {
+        "w": await _atimed(writes(), mib, server_pid),
+        "r": await _atimed(reads(), mib, server_pid),
+    }
     assert bytes(dest[:16]) != bytes(16)
-    return w * MIB / 1e6, r * MIB / 1e6
+    return out
 
 
-def bulk_plain(port: int, mib: int, uds: str = "") -> tuple[float, float]:
+def bulk_plain(port: int, mib: int, server_pid: int, uds: str = "") -> Bulk:
     data = memoryview(os.urandom(MIB))
     dest = memoryview(bytearray(MIB))
     if uds:
@@ -304,16 +355,18 @@ def bulk_plain(port: int, mib: int, uds: str = "") -> tuple[float, float]:
     for _ in range(5):
         one_write()
         one_read()
-    t0 = time.perf_counter()
-    for _ in range(mib):
-        one_write()
-    w = mib / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    for _ in range(mib):
-        one_read()
-    r = mib / (time.perf_counter() - t0)
+
+    def writes() -> None:
+        for _ in range(mib):
+            one_write()
+
+    def reads() -> None:
+        for _ in range(mib):
+            one_read()
+
+    out = {"w": _timed(writes, mib, server_pid), "r": _timed(reads, mib, server_pid)}
     s.close()
-    return w * MIB / 1e6, r * MIB / 1e6
+    return out
 
 
 def spawn(args: list[str], **kw: Any) -> subprocess.Popen[Any]:
@@ -361,13 +414,18 @@ class _PathTransport:
         pass
 
 
-def _feed(proto: Any, data: bytes) -> None:
-    view = proto.get_buffer(len(data))
-    view[: len(data)] = data
-    proto.buffer_updated(len(data))
+def _feed(proto: Any, data: bytes | memoryview) -> None:
+    """Hand ``data`` to a buffered protocol as reads into its buffers would."""
+    data = memoryview(data)
+    while len(data):
+        view = proto.get_buffer(len(data))
+        k = min(len(view), len(data))
+        view[:k] = data[:k]
+        proto.buffer_updated(k)
+        data = data[k:]
 
 
-async def path_costs(n: int) -> tuple[float, float, float, float]:
+async def path_costs(n: int) -> tuple[float, float, float, float, float]:
     """CPU µs per call of the native server's and client's Python paths, no sockets.
 
     Server: a CALL frame of meta GetAttr fed from a loop callback, answered by a
@@ -377,6 +435,9 @@ async def path_costs(n: int) -> tuple[float, float, float, float]:
     KV in a temporary directory, the default engine). Client: a stub GetAttr whose CALL is
     answered with a REPLY frame from a loop callback. Median of 5 rounds each;
     the loop's own cost of one callback and one wake-up per call is included.
+    Last, the server receiving a 1 MiB storage Write payload (``n // 10`` calls):
+    the frame fed in 256 KiB pieces as socket reads would bring it, the
+    handler answering its length: receive buffers, copies, no kernel.
     """
     from fs3.kv.memory import MemoryDatabase
     from fs3.kv.sqlite import SqliteDatabase
@@ -461,7 +522,49 @@ async def path_costs(n: int) -> tuple[float, float, float, float]:
             await stub.GetAttr(req, timeout=10)
 
     client_us = await rounds(client_round)
-    return server_us, meta_us, sqlite_us, client_us
+
+    class Sink(storage_pb2_grpc.StorageServiceServicer):
+        async def Write(self, request: Any, context: Any) -> Any:
+            return storage_pb2.WriteResponse(
+                result=storage_pb2.IOResult(length=len(context.payload))
+            )
+
+    server = NativeServer()
+    server.add_servicer("fs3.v1.StorageService", guard_servicer(Sink()))
+    wconn = ServerConnection(server)
+    wt = _PathTransport()
+    wconn.connection_made(wt)
+    _feed(wconn, wire.PREFACE)
+    wmid = BY_PATH["/fs3.v1.StorageService/Write"].id
+    wbody = storage_pb2.WriteRequest().SerializeToString()
+    payload = os.urandom(MIB)
+    piece = 256 << 10
+
+    def feed_write(frame: bytes) -> None:
+        view = memoryview(frame)
+        for at in range(0, len(frame), piece):
+            _feed(wconn, view[at : at + piece])
+
+    async def bulk_round() -> None:
+        # one frame for the round: each call is answered before the next one
+        # arrives, so its request id is free again
+        rid[0] += 1
+        frame = wire.pack(wire.CALL, wire.HAS_MESSAGE, wmid, rid[0], 10000, wbody, MIB) + payload
+        for _ in range(max(1, n // 10)):
+            wt.written = loop.create_future()
+            loop.call_soon(feed_write, frame)
+            await wt.written
+
+    async def bulk_rounds() -> float:
+        res = []
+        for _ in range(5):
+            c0 = time.process_time()
+            await bulk_round()
+            res.append((time.process_time() - c0) / max(1, n // 10) * 1e6)
+        return sorted(res)[2]
+
+    bulk_us = await bulk_rounds()
+    return server_us, meta_us, sqlite_us, client_us, bulk_us
 
 
 def serve_meta_thread() -> dict[str, Any]:
@@ -576,12 +679,13 @@ def main() -> int:
     )
     args = ap.parse_args()
     if args.paths:
-        server_us, meta_us, sqlite_us, client_us = run(path_costs(args.paths))
+        server_us, meta_us, sqlite_us, client_us, bulk_us = run(path_costs(args.paths))
         print(
             f"native paths (commit {_commit()}, in process, no sockets, load "
             f"{os.getloadavg()[0]:.1f}): server {server_us:.2f} µs/call (fixed answer), "
             f"{meta_us:.2f} µs/call (meta servicer, memory KV), {sqlite_us:.2f} µs/call "
-            f"(meta servicer, SQLite KV), client {client_us:.2f} µs/call"
+            f"(meta servicer, SQLite KV), client {client_us:.2f} µs/call, "
+            f"server receiving a 1 MiB payload {bulk_us:.1f} µs/call"
         )
         return 0
     if args.growth:
@@ -614,7 +718,7 @@ def main() -> int:
         procs.append(spawn([__file__, "--serve-floor", str(floor_port)]))
         for port, p in zip((meta_port, bulk_port, plain_port, floor_port), procs, strict=True):
             wait_port(port, p)
-        meta_pid, floor_pid = procs[0].pid, procs[3].pid
+        meta_pid, bulk_pid, plain_pid, floor_pid = (p.pid for p in procs)
         meta_addr = f"127.0.0.1:{meta_port}"
         bulk_addr = f"127.0.0.1:{bulk_port}"
         rows: dict[str, Any] = {}
@@ -639,8 +743,14 @@ def main() -> int:
             t, proto = await asyncio.get_running_loop().create_connection(
                 _FloorProtocol, "127.0.0.1", floor_port
             )
+            stubs["native-fixed"] = meta_pb2_grpc.MetaServiceStub(
+                pools["native-tcp"].get(bulk_addr)
+            )
             stubs["floor-echo"] = FloorStub(proto)
-            pids = {name: meta_pid for name in stubs} | {"floor-echo": floor_pid}
+            pids = {name: meta_pid for name in stubs} | {
+                "native-fixed": bulk_pid,
+                "floor-echo": floor_pid,
+            }
             seq: dict[str, list[tuple[float, float, float]]] = {name: [] for name in stubs}
             inflight: dict[str, list[float]] = {name: [] for name in stubs if name != "floor-echo"}
             for _ in range(args.rounds):
@@ -670,16 +780,21 @@ def main() -> int:
             t.close()
             for ch in grpc_channels:
                 await ch.close()
+            # 1 MiB transfers, interleaved like the calls: every round measures the
+            # native transports and the plain loops one after the other
             for name, pool in pools.items():
-                rows[name]["w"], rows[name]["r"] = await bulk_native(bulk_stubs[name], args.mib)
+                await bulk_native(bulk_stubs[name], 5, bulk_pid)  # connect, warm up
                 assert pool.get(bulk_addr).via == pool.get(meta_addr).via
+            for _ in range(args.rounds):
+                for name in pools:
+                    bulk[name].append(await bulk_native(bulk_stubs[name], args.mib, bulk_pid))
+                bulk["plain-socket"].append(bulk_plain(plain_port, args.mib, plain_pid))
+                bulk["plain-uds"].append(bulk_plain(plain_port, args.mib, plain_pid, plain_uds))
+            for pool in pools.values():
                 await pool.close()
 
+        bulk: dict[str, list[Bulk]] = {name: [] for name in BULK_NAMES}
         run(measure())
-        pw, pr = bulk_plain(plain_port, args.mib)
-        rows["plain-socket"] = {"w": pw, "r": pr}
-        uw, ur = bulk_plain(plain_port, args.mib, plain_uds)
-        rows["plain-uds"] = {"w": uw, "r": ur}
     finally:
         for p in procs:
             p.terminate()
@@ -694,34 +809,21 @@ def main() -> int:
         f"RPC benchmark {time.strftime('%Y-%m-%d %H:%M:%S')} (commit {_commit()}), client on uvloop, "
         f"{args.rounds} interleaved rounds (medians) of {args.calls} sequential meta GetAttr "
         f"and {args.inflight_calls} with 64 in flight, "
-        f"{args.mib} x 1 MiB each way, load {load0:.1f} at the start, "
+        f"{args.mib} x 1 MiB each way per round, load {load0:.1f} at the start, "
         f"{os.getloadavg()[0]:.1f} at the end",
         "",
         "| transport | seq calls/s | × grpc | client CPU µs/call | server CPU µs/call "
-        "| 64 in flight calls/s | 1 MiB write MB/s | 1 MiB read MB/s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| 64 in flight calls/s |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
-    names = ("grpc", "grpc-relay", "native-tcp", "native-uds", "floor-echo")
-    for name in (*names, "plain-socket", "plain-uds"):
+    names = ("grpc", "grpc-relay", "native-tcp", "native-uds", "native-fixed", "floor-echo")
+    for name in names:
         r = rows[name]
-        seq = f"{r['seq']:,.0f}" if "seq" in r else "-"
-        ratio = f"{median(r['ratios']):.1f}" if "seq" in r else "-"
-        cpu = f"{r['cpu']:.0f}" if "cpu" in r else "-"
-        scpu = f"{r['scpu']:.0f}" if "scpu" in r else "-"
         infl = f"{r['inflight']:,.0f}" if "inflight" in r else "-"
-        w = rd = "-"
-        if name in ("plain-socket", "plain-uds"):
-            w, rd = f"{r['w']:,.0f}", f"{r['r']:,.0f}"
-        elif "w" in r:
-            w, rd = (
-                f"{r['w']:,.0f} ({r['w'] / pw:.2f}× plain",
-                f"{r['r']:,.0f} ({r['r'] / pr:.2f}× plain",
-            )
-            if name == "native-uds":
-                w += f", {r['w'] / uw:.2f}× plain-uds"
-                rd += f", {r['r'] / ur:.2f}× plain-uds"
-            w, rd = w + ")", rd + ")"
-        lines.append(f"| {name} | {seq} | {ratio} | {cpu} | {scpu} | {infl} | {w} | {rd} |")
+        lines.append(
+            f"| {name} | {r['seq']:,.0f} | {median(r['ratios']):.1f} | {r['cpu']:.0f} "
+            f"| {r['scpu']:.0f} | {infl} |"
+        )
     lines.append("")
     for name in names:
         r = rows[name]
@@ -740,12 +842,63 @@ def main() -> int:
                 f"{x:,.0f}" for x in r["inflight_runs"]
             )
         lines.append(f"* {name}: × grpc per round: {per}{extra}")
+    lines += ["", *bulk_table(bulk, args.mib)]
     text = "\n".join(lines)
     print(text)
     if args.out:
         with open(args.out, "a") as f:
             f.write(text + "\n\n")
     return 0
+
+
+BULK_NAMES = ("native-tcp", "native-uds", "plain-socket", "plain-uds")
+
+
+def bulk_table(bulk: dict[str, list[Bulk]], mib: int) -> list[str]:
+    """The 1 MiB rows: medians over the rounds; a ratio is the median of the
+    per-round ratios (both figures of a ratio come from the same round)."""
+
+    def ratio(name: str, base: str, op: str) -> float:
+        return median(a[op][0] / b[op][0] for a, b in zip(bulk[name], bulk[base], strict=True))
+
+    lines = [
+        f"1 MiB transfers, {len(bulk['plain-socket'])} interleaved rounds of {mib} each way "
+        "(CPU: client / server µs per MiB)",
+        "",
+        "| transport | write MB/s | × plain | × plain-uds | write CPU | read MB/s | × plain "
+        "| × plain-uds | read CPU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in BULK_NAMES:
+        cells = [name]
+        for op in ("w", "r"):
+            runs = bulk[name]
+            cells.append(f"{median(x[op][0] for x in runs):,.0f}")
+            for base in ("plain-socket", "plain-uds"):
+                cells.append("-" if name == base else f"{ratio(name, base, op):.2f}")
+            cpu_c = median(x[op][1] for x in runs)
+            cpu_s = median(x[op][2] for x in runs)
+            cells.append(f"{cpu_c:.0f} / {cpu_s:.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for name in BULK_NAMES[:2]:
+        for op, what in (("w", "write"), ("r", "read")):
+            runs = bulk[name]
+            lines.append(
+                f"* {name} {what}: MB/s per round: "
+                + ", ".join(f"{x[op][0]:,.0f}" for x in runs)
+                + "; × plain per round: "
+                + ", ".join(
+                    f"{a[op][0] / b[op][0]:.2f}"
+                    for a, b in zip(runs, bulk["plain-socket"], strict=True)
+                )
+                + "; × plain-uds per round: "
+                + ", ".join(
+                    f"{a[op][0] / b[op][0]:.2f}"
+                    for a, b in zip(runs, bulk["plain-uds"], strict=True)
+                )
+            )
+    return lines
 
 
 def _commit() -> str:

@@ -19,11 +19,10 @@ import fcntl
 import mmap
 import os
 import stat
-import sys
-import threading
 import uuid
 
 from fs3.errors import Code, FsError, invalid
+from fs3.rpc.native.pool import BufferPool
 
 SHM_DIR = "/dev/shm"
 
@@ -81,11 +80,6 @@ def buffer_address(buf: object) -> tuple[int, int]:
         _release_buffer(ctypes.byref(view))
 
 
-_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
-_MIN_CLASS = 64 << 10  # smallest pooled mapping (payloads are rounded up to a power of two)
-_IDLE_REFS = 3  # sys.getrefcount of a pooled mapping nobody uses: its list, the loop name, the call
-
-
 class PrivateCopies:
     """Copies of one-sided payloads into private memory that no other process can change.
 
@@ -104,38 +98,21 @@ class PrivateCopies:
     """
 
     def __init__(self, cache_bytes: int = 64 << 20) -> None:
-        self.cache_bytes = cache_bytes
-        self._pool: dict[int, list[mmap.mmap]] = {}
-        self._cached = 0
-        self._lock = threading.Lock()
+        self._mappings = BufferPool(cache_bytes)
 
     def copy(self, src: memoryview) -> memoryview:
         """A private, page-aligned copy of ``src`` (valid while the caller keeps it)."""
         n = src.nbytes
         if n == 0:
             return memoryview(b"")
-        dst = self._take(n)
+        dst = self._mappings.take(n)
         ctypes.memmove(buffer_address(dst)[0], buffer_address(src)[0], n)
         return dst
-
-    def _take(self, n: int) -> memoryview:
-        size = max(_MIN_CLASS, 1 << (n - 1).bit_length())
-        with self._lock:
-            pooled = self._pool.setdefault(size, [])
-            for mm in pooled:
-                if sys.getrefcount(mm) <= _IDLE_REFS:  # no view of it is left
-                    return memoryview(mm)[:n]
-            flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_POPULATE
-            fresh = mmap.mmap(-1, size, flags=flags)
-            if self._cached + size <= self.cache_bytes:
-                pooled.append(fresh)
-                self._cached += size
-            return memoryview(fresh)[:n]
 
     @property
     def cached_bytes(self) -> int:
         """Bytes of pooled mappings (tests, metrics)."""
-        return self._cached
+        return self._mappings.cached_bytes
 
 
 def _check_shm_path(path: str) -> str:

@@ -46,6 +46,7 @@ from fs3.errors import Code, FsError
 from fs3.proto import common_pb2
 from fs3.rpc.native import wire
 from fs3.rpc.native.methods import BY_ID, Method, service_methods
+from fs3.rpc.native.pool import MIN_CLASS, BufferPool
 from fs3.rpc.native.wire import (
     AUTH,
     CALL,
@@ -68,6 +69,9 @@ from fs3.rpc.status import DETAIL_KEY, detail_of
 # a current task; stable private API of 3.11+.
 _enter_task: Callable[[Any, Any], None] = asyncio.tasks._enter_task
 _leave_task: Callable[[Any, Any], None] = asyncio.tasks._leave_task
+
+# memory a server keeps for receiving request payloads (fs3.rpc.native.pool)
+PAYLOAD_POOL_BYTES = 32 << 20
 
 
 class Limits:
@@ -440,6 +444,16 @@ class ServerConnection(FrameReceiver):
             self._relay = GrpcRelay(self, self.server.grpc_relay_path, data)
             return False
         raise ProtocolViolation(f"not an fs3 connection (starts with {preface!r})")
+
+    def payload_buffer(
+        self, kind: int, request_id: int, length: int, body: bytes | memoryview
+    ) -> wire.Payload:
+        """A call's payload goes into pooled memory, reused once the handler (and
+        whoever it handed the bytes to) keeps no view of it: no fresh buffer to
+        zero per payload. Small ones and stream messages' get their own."""
+        if kind == CALL and length >= MIN_CLASS:
+            return self.server.payload_pool.take(length)
+        return memoryview(bytearray(length))
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._relay is not None:
@@ -915,6 +929,10 @@ class NativeServer:
         self.grpc_relay_path = ""
         self._servers: list[asyncio.AbstractServer] = []
         self._connections: set[ServerConnection] = set()
+        # request payloads of every connection are received into these: bytearrays,
+        # as fresh ones were, not page-aligned mappings (an aligned payload turns
+        # the storage node's chunk writes to O_DIRECT, fs3.storage.chunk_data)
+        self.payload_pool = BufferPool(PAYLOAD_POOL_BYTES, bytearray)
 
     def add_servicer(self, service: str, servicer: Any) -> None:
         """Serve every method of proto ``service`` (full name) that ``servicer`` implements."""

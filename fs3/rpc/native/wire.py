@@ -74,6 +74,12 @@ KIND_NAMES = {
 HAS_MESSAGE = 0x01
 
 RECV_BUFFER_BYTES = 256 * 1024
+# what a read may take while nothing is buffered: a bulk payload's first bytes
+# arrive with its header in the shared buffer and are copied to their
+# destination from there, the rest is read straight into it; a smaller first
+# read copies less (a burst of small frames still fits, and a partial frame
+# gets the whole buffer on the next read)
+RECV_IDLE_BYTES = 64 * 1024
 CORK_BYTES = 64 * 1024  # gathered frames of one loop turn go out at least this often
 # ... and at least every this many buffers: a burst of 64 answers goes out in four
 # sends, so the peer starts on the first ones while the rest are computed (the two
@@ -131,6 +137,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
         self._loop = asyncio.get_running_loop()
         self._buf = bytearray(RECV_BUFFER_BYTES)
         self._view = memoryview(self._buf)
+        self._idle_view = self._view[:RECV_IDLE_BYTES]
         self._start = 0
         self._end = 0
         # a body or payload received outside the shared buffer
@@ -296,7 +303,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         end = self._end
         if end == 0 and self._direct is None:
-            return self._view  # the usual case: every byte received so far is parsed
+            return self._idle_view  # the usual case: every byte received so far is parsed
         if self._direct is not None:
             return self._direct[self._direct_pos :]
         if end == len(self._buf):
@@ -313,6 +320,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
                 grown = bytearray(2 * len(self._buf))
                 grown[:n] = self._buf
                 self._buf, self._view = grown, memoryview(grown)
+                self._idle_view = self._view[:RECV_IDLE_BYTES]
         return self._view[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:

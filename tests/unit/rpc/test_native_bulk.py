@@ -275,3 +275,141 @@ def test_answer_payload_above_the_limit_fails_alone() -> None:
             await pool.close()
 
     run(main())
+
+
+def test_write_payloads_land_in_reused_memory_and_kept_ones_stay_intact() -> None:
+    """Request payloads are received into pooled memory (fs3.rpc.native.pool): a
+    run of 1 MiB writes allocates nothing payload-sized and reuses one buffer,
+    and a payload a handler keeps is never handed to a later call."""
+
+    class Keeping(BulkStorage):
+        def __init__(self) -> None:
+            super().__init__()
+            self.kept: list[memoryview] = []
+            self.keep = False
+
+        async def Write(self, request: Any, context: Any) -> Any:
+            if self.keep:
+                p = request_payload(context)
+                assert p is not None
+                self.kept.append(p[10:20])  # a slice of it is enough to hold it
+            return await super().Write(request, context)
+
+    async def main() -> None:
+        settings.configure(RpcSection())
+        async with Node() as node:
+            storage = Keeping()
+            node.server.native.handlers.clear()
+            node.server.native.add_servicer("fs3.v1.StorageService", storage)
+            payload_pool = node.server.native.payload_pool
+            pool = ChannelPool("native")
+            stub = storage_pb2_grpc.StorageServiceStub(pool.get(node.address))
+            req = storage_pb2.WriteRequest()
+            datas = [bytes([i]) * MIB for i in range(3)]
+            await call(stub.Write, req, timeout=10, payload=datas[0])  # connect, warm up
+            tracemalloc.start()
+            try:
+                for i in range(20):
+                    r = await call(stub.Write, req, timeout=10, payload=datas[i % 2])
+                    assert r.result.checksum == crc32c.crc32c(datas[i % 2])
+                _cur, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+            assert peak < MIB // 4, f"peak {peak} bytes traced during 20 writes of 1 MiB"
+            assert payload_pool.cached_bytes == MIB  # one buffer, reused by every write
+            storage.keep = True
+            await call(stub.Write, req, timeout=10, payload=datas[1])
+            storage.keep = False
+            for _ in range(3):
+                r = await call(stub.Write, req, timeout=10, payload=datas[2])
+                assert r.result.checksum == crc32c.crc32c(datas[2])
+            assert bytes(storage.kept[0]) == b"\x01" * 10  # not overwritten by later writes
+            assert payload_pool.cached_bytes == 2 * MIB  # the kept one, and one reused
+            storage.kept.clear()
+            await call(stub.Write, req, timeout=10, payload=datas[0])
+            assert payload_pool.cached_bytes == 2 * MIB  # released: reused, not a third
+            await pool.close()
+
+    run(main())
+
+
+def test_a_payload_after_a_small_first_read_goes_straight_to_its_destination() -> None:
+    """An idle receiver offers a small first read (fs3.rpc.native.wire.RECV_IDLE_BYTES):
+    only that much of a payload passes through the shared buffer (and is copied
+    from it); every later read lands in the destination itself."""
+    from fs3.rpc.native import wire
+
+    payload = random.Random(3).randbytes(MIB)
+    dest = memoryview(bytearray(MIB))
+    got: list[tuple[Any, ...]] = []
+
+    class Receiver(wire.FrameReceiver):
+        def payload_buffer(self, kind: int, rid: int, length: int, body: Any) -> Any:
+            return dest[:length]
+
+        def frame_received(self, *frame: Any) -> None:
+            got.append(frame)
+
+        def violation(self, message: str) -> None:
+            raise AssertionError(message)
+
+    async def main() -> None:
+        r = Receiver()
+        data = memoryview(wire.pack(wire.CALL, wire.HAS_MESSAGE, 1, 9, 0, b"body", MIB) + payload)
+        reads = []
+        while len(data):  # a socket with everything queued fills each buffer it is given
+            view = r.get_buffer(-1)
+            k = min(len(view), len(data))
+            view[:k] = data[:k]
+            reads.append((k, view.obj is dest.obj))
+            r.buffer_updated(k)
+            data = data[k:]
+        assert reads[0] == (wire.RECV_IDLE_BYTES, False)
+        assert all(into_dest for _k, into_dest in reads[1:]), reads
+        assert len(got) == 1 and got[0][3] == 9 and bytes(got[0][5]) == b"body"
+        assert dest == memoryview(payload)
+
+    run(main())
+
+
+def test_reads_after_the_receive_buffer_grew_land_in_the_grown_buffer() -> None:
+    """While parsing is paused a full buffer of unparsed frames makes the receiver
+    take a larger one; the small first read of an idle receiver must then be a
+    view of that new buffer (frames read into the old one would be lost)."""
+    from fs3.rpc.native import wire
+
+    got: list[int] = []
+
+    class Receiver(wire.FrameReceiver):
+        def frame_received(self, *frame: Any) -> None:
+            got.append(frame[3])  # the request id
+
+        def violation(self, message: str) -> None:
+            raise AssertionError(message)
+
+    def feed(r: Receiver, data: bytes) -> None:
+        view = memoryview(data)
+        while len(view):
+            buf = r.get_buffer(-1)
+            k = min(len(buf), len(view))
+            buf[:k] = view[:k]
+            r.buffer_updated(k)
+            view = view[k:]
+
+    async def main() -> None:
+        r = Receiver()
+        body = b"x" * (4096 - wire.HEADER_SIZE)
+        frames = b"".join(
+            wire.pack(wire.CALL, wire.HAS_MESSAGE, 1, rid, 0, body)
+            for rid in range(1, wire.RECV_BUFFER_BYTES // 4096 + 1)
+        )
+        r._parse_paused = True  # as a subclass that stopped reading does
+        feed(r, frames)  # fills the whole receive buffer, nothing parsed
+        r.get_buffer(-1)  # the transport reads on: the buffer grows
+        r.resume_parsing()
+        n = len(got)
+        assert n == wire.RECV_BUFFER_BYTES // 4096
+        feed(r, wire.pack(wire.CALL, wire.HAS_MESSAGE, 1, 7777, 0, b"after"))
+        assert got[n:] == [7777]
+
+    run(main())
