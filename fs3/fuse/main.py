@@ -400,7 +400,13 @@ async def _serve_async(
                 await client.close()
         except BaseException:  # noqa: BLE001
             log.exception("closing the client failed")
-        log.info("stats: %s", ops.stats)
+        log.info(
+            "stats: %s; transport %s: %s; read batches: %s",
+            ops.stats,
+            client.transport.kind,
+            getattr(client.transport, "stats", {}),
+            client.storage.read_batch_stats(),
+        )
 
 
 def _setup_logging(cfg: _config.ClientConfig, path: str | None) -> None:

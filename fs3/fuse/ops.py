@@ -315,6 +315,10 @@ class DirHandle:
         return nid
 
 
+def _nothing() -> None:
+    """Give back a buffer the garbage collector frees (see Fs3Operations._read_buffer)."""
+
+
 def _consume(task: asyncio.Task[Any]) -> None:
     """Retrieve a dropped task's outcome (nobody awaits it; asyncio would log it)."""
     if not task.cancelled():
@@ -330,6 +334,7 @@ class Stats:
     writes: int = 0
     reads: int = 0
     storage_writes: int = 0
+    staged_reads: int = 0  # reads into a transport staging slot (see Fs3Operations._read_buffer)
     ops: dict[str, int] = field(default_factory=dict)  # handler calls by name
 
 
@@ -995,11 +1000,32 @@ class Fs3Operations(pyfuse3.Operations):
             log.info("largest read request so far: %d bytes", size)
         if self._busy(of.ist):
             await self._settle(of.ist)
-        # Read into one buffer and hand pyfuse3 a view of it (it takes any buffer): the client's
-        # read() would copy the bytes once more only to return an immutable object.
-        buf = bytearray(size)
-        n = await self._call(self.client.readinto(of.h, off, buf))
-        return memoryview(buf)[:n]  # type: ignore[return-value]
+        buf, free = self._read_buffer(size)
+        try:
+            n = await self._call(self.client.readinto(of.h, off, buf))
+        except BaseException:
+            free()
+            raise
+        # pyfuse3 writes the reply from this view in the step this handler returns in
+        # (fuse_read_async: fuse_reply_buf right after the await): the buffer is
+        # given back after that step, never while the kernel may still be sent it
+        asyncio.get_running_loop().call_soon(free)
+        return buf[:n]  # type: ignore[return-value]
+
+    def _read_buffer(self, size: int) -> tuple[memoryview, Callable[[], None]]:
+        """The buffer a FUSE read lands in, and what gives it back.
+
+        A staging slot of the transport where it has one (:meth:`ClientTransport.staging_buffer`,
+        shared memory the same-host storage nodes map): the node writes the bytes straight
+        into it (one-sided) instead of sending them through the RPC socket, and no buffer
+        of the request's size is allocated and zeroed per read. Elsewhere (no shm, or the
+        arenas full) a plain bytearray, received into from the RPC frame.
+        """
+        got = self.client.transport.staging_buffer(size)
+        if got is not None:
+            self.stats.staged_reads += 1
+            return got
+        return memoryview(bytearray(size)), _nothing
 
     @_guard
     async def write(self, fh: int, off: int, buf: bytes) -> int:
