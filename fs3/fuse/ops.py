@@ -335,6 +335,11 @@ class Stats:
     reads: int = 0
     storage_writes: int = 0
     staged_reads: int = 0  # reads into a transport staging slot (see Fs3Operations._read_buffer)
+    #: reads being served now, the most at once, and the sum over reads of how many were
+    #: in flight when each began (/ reads: the parallelism the kernel's requests get)
+    reads_in_flight: int = 0
+    max_reads_in_flight: int = 0
+    read_concurrency: int = 0
     ops: dict[str, int] = field(default_factory=dict)  # handler calls by name
 
 
@@ -1001,11 +1006,17 @@ class Fs3Operations(pyfuse3.Operations):
         if self._busy(of.ist):
             await self._settle(of.ist)
         buf, free = self._read_buffer(size)
+        st.reads_in_flight += 1
+        st.read_concurrency += st.reads_in_flight
+        if st.reads_in_flight > st.max_reads_in_flight:
+            st.max_reads_in_flight = st.reads_in_flight
         try:
             n = await self._call(self.client.readinto(of.h, off, buf))
         except BaseException:
             free()
             raise
+        finally:
+            st.reads_in_flight -= 1
         # pyfuse3 writes the reply from this view in the step this handler returns in
         # (fuse_read_async: fuse_reply_buf right after the await): the buffer is
         # given back after that step, never while the kernel may still be sent it
