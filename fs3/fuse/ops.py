@@ -375,6 +375,11 @@ class Fs3Operations(pyfuse3.Operations):
         self.stats = Stats()
         #: libfuse operations pyfuse3 does not bind (fallocate), installed after pyfuse3.init
         self.lowlevel = LowLevelHooks()
+        #: how long a read buffer whose read saw a failed attempt waits before reuse
+        #: (see read): a whole retry deadline plus one more attempt's timeout
+        ccfg = getattr(client, "config", None)
+        csec = ccfg.client if ccfg is not None else _config.ClientSection()
+        self._quarantine_s = float(csec.retry_deadline_s + csec.rpc_timeout_s)
         self._caps: dict[
             int, tuple[float, bytes | None]
         ] = {}  # inode -> (expiry, security.capability)
@@ -1010,17 +1015,26 @@ class Fs3Operations(pyfuse3.Operations):
         st.read_concurrency += st.reads_in_flight
         if st.reads_in_flight > st.max_reads_in_flight:
             st.max_reads_in_flight = st.reads_in_flight
+        sstats = self.client.storage.stats
+        retries = sstats["read_retries"]
+        loop = asyncio.get_running_loop()
         try:
             n = await self._call(self.client.readinto(of.h, off, buf))
         except BaseException:
-            free()
+            loop.call_later(self._quarantine_s, free)
             raise
         finally:
             st.reads_in_flight -= 1
-        # pyfuse3 writes the reply from this view in the step this handler returns in
-        # (fuse_read_async: fuse_reply_buf right after the await): the buffer is
-        # given back after that step, never while the kernel may still be sent it
-        asyncio.get_running_loop().call_soon(free)
+        if sstats["read_retries"] != retries:
+            # An attempt of this read (or of one beside it) failed: a node that timed out
+            # may still write into the buffer (one-sided); it is reused only once that
+            # attempt's work is long abandoned, never under another read's bytes.
+            loop.call_later(self._quarantine_s, free)
+        else:
+            # pyfuse3 writes the reply from this view in the step this handler returns in
+            # (fuse_read_async: fuse_reply_buf right after the await): the buffer is
+            # given back after that step, never while the kernel may still be sent it
+            loop.call_soon(free)
         return buf[:n]  # type: ignore[return-value]
 
     def _read_buffer(self, size: int) -> tuple[memoryview, Callable[[], None]]:

@@ -133,3 +133,38 @@ def test_reads_without_staging_memory_answer_the_same(cluster: ProcessCluster) -
             await client.close()
 
     asyncio.run(main())
+
+
+def test_a_buffer_whose_read_saw_a_failure_waits_before_reuse(cluster: ProcessCluster) -> None:
+    """A node that timed out may still write into a buffer it was given (one-sided): a read
+    buffer whose read needed another attempt goes back only after the quarantine, not
+    after the reply, while a clean read's goes back at once. Runs last: it kills a node."""
+
+    async def main() -> None:
+        client, ops, of, data = await _setup(cluster, b"quarantine")
+        try:
+            for off in (0, CHUNK, 2 * CHUNK):  # every node's read stream is open
+                await _read(ops, of.h.fh, off, 4096)
+            await asyncio.sleep(0)
+            assert _staged_bytes(client) == 0
+            ops._quarantine_s = 1.0
+            cluster.kill("storage-2")
+            retries = client.storage.stats["read_retries"]
+            for i in range(30):
+                off = (i * 7919 * 4096) % (SIZE - 4096)
+                assert await _read(ops, of.h.fh, off, 4096) == data[off : off + 4096]
+            assert client.storage.stats["read_retries"] > retries  # the dead node was asked
+            await asyncio.sleep(0)
+            assert _staged_bytes(client) > 0  # held: those reads' buffers wait
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                if _staged_bytes(client) == 0:
+                    break
+            assert _staged_bytes(client) == 0  # and go back after the quarantine
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        cluster.restart("storage-2")
