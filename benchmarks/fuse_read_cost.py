@@ -19,7 +19,7 @@ busy and iowait). ``--readahead KB,KB,...`` sets the mount's BDI
 ``--py-spy PHASE`` records the FUSE daemon and storage-1 during that phase of
 the first round (raw collapsed stacks, 200 Hz, ``--nonblocking``; note that a
 process woken peer preempts shows as "active" at its send). At the end the
-daemon's own counters are printed from its log (FUSE read sizes, reads in
+daemon's own counters are printed from its log, if it wrote them before it was stopped (FUSE read sizes, reads in
 flight, staged reads, one-sided I/Os, read batches).
 
 Usage: python benchmarks/fuse_read_cost.py [--size 256M] [--rounds 2] [--seconds 8]
