@@ -812,11 +812,67 @@ class StorageClient:
         n = max(0, min(len(mv), file_length - offset))
         if n == 0:
             return 0
+        index = offset // chunk_size
+        if (offset + n - 1) // chunk_size == index:  # one chunk: every FUSE read but a few
+            p = ChunkPiece(
+                index, chain_of(chains, index), offset - index * chunk_size, n, 0, offset
+            )
+            view = mv if n == len(mv) else mv[:n]
+            failed = await self._read_first(inode, p, view)
+            if failed >= 0:  # the full path: replica failover, retries, routing refreshes
+                await self._read_piece(inode, p, view, avoid=failed)
+            return n
         pieces = split(offset, n, chunk_size, chains)
         await self._bounded(
             [self._read_piece(inode, p, mv[p.buf_offset : p.buf_offset + p.length]) for p in pieces]
         )
         return n
+
+    async def _read_first(self, inode: int, p: ChunkPiece, dest: memoryview) -> int:
+        """The first try of a one-chunk read, with none of the retry machinery's setup.
+
+        Returns -1 once ``dest`` holds the bytes; otherwise the target that failed
+        (0: none was asked), for :meth:`_read_piece` to start the read over without
+        it. Why: a FUSE 4 KiB read is one of these, and the deadline, the attempt
+        closures, the routing-error wrapper and the piece list of the general path
+        cost more Python than the try itself (the same first try as :meth:`read_many`'s).
+        """
+        routing = self._routing()
+        try:
+            chain = routing.chain(p.chain_id)
+            serving = routing.serving_targets(p.chain_id)
+            if not serving:
+                return 0
+            target = self._least_loaded(serving)
+            node = routing.node_of_target(target)
+        except FsError:
+            return 0  # stale routing: the full path refreshes it
+        load = self._target_load
+        load[target] = load.get(target, 0) + 1
+        token = b""
+        try:
+            token = await self._cap(inode, False)
+            fut, ref, complete = await self._submit_read(
+                inode,
+                p,
+                dest,
+                node,
+                target,
+                int(chain.version),
+                min(self._policy.rpc_timeout_s, self._policy.deadline_s),
+                token,
+            )
+            await self._read_result(inode, p, dest, target, await fut, ref, complete, True)
+        except FsError as e:
+            if e.code in _CAP_ERRORS and self.caps is not None:
+                self.caps.invalidate(inode, token)
+            self.stats["read_retries"] += 1  # the full path's first attempt is this one's retry
+            if e.code in _TRY_OTHER_REPLICA:
+                return target
+            return 0
+        finally:
+            self._unload(target)
+        return -1
 
     async def _read_piece(
         self,
@@ -826,6 +882,7 @@ class StorageClient:
         *,
         target_id: int = 0,
         holes: bool = True,
+        avoid: int = 0,
     ) -> storage_pb2.ReadResult:
         """Read one chunk piece into ``dest``, retrying on another replica when one fails.
 
@@ -836,10 +893,11 @@ class StorageClient:
         replicas); then a replica-level failure is raised, not retried
         elsewhere. With ``holes`` a missing chunk or short chunk reads as zeros
         (file semantics); without, ``CHUNK_NOT_FOUND`` is raised and the result
-        says how many bytes the chunk had.
+        says how many bytes the chunk had. ``avoid``: a replica that already failed this
+        piece (:meth:`_read_first`), tried last.
         """
         deadline = Deadline(self._policy.deadline_s)
-        bad: set[int] = set()  # replicas that failed this piece
+        bad: set[int] = {avoid} if avoid else set()  # replicas that failed this piece
 
         async def attempt(n: int) -> storage_pb2.ReadResult:
             if n > 1:
@@ -891,10 +949,16 @@ class StorageClient:
         """The candidate with the fewest reads in flight from this client (random among equals)."""
         if len(candidates) == 1:
             return candidates[0]
-        load = self._target_load
-        low = min(load.get(t, 0) for t in candidates)
-        best = [t for t in candidates if load.get(t, 0) == low]
-        return best[0] if len(best) == 1 else self._rng.choice(best)
+        get = self._target_load.get
+        best: list[int] = []
+        low = -1
+        for t in candidates:  # one pass, no generator: this runs for every read
+            n = get(t, 0)
+            if n < low or low < 0:
+                low, best = n, [t]
+            elif n == low:
+                best.append(t)
+        return best[0] if len(best) == 1 else best[int(self._rng.random() * len(best))]
 
     async def read_chunk(
         self,

@@ -380,6 +380,14 @@ async def _serve_async(
         log.info(
             "FUSE session ended%s", f" (signal {signalled[0]})" if signalled else " (unmounted)"
         )
+        # before the client's close, which a supervisor may cut short
+        log.info(
+            "stats: %s; transport %s: %s; read batches: %s",
+            ops.stats,
+            client.transport.kind,
+            getattr(client.transport, "stats", {}),
+            client.storage.read_batch_stats(),
+        )
     except BaseException:
         log.exception("FUSE main loop failed")
         ready("error: the FUSE main loop failed (see the log)")
@@ -400,7 +408,6 @@ async def _serve_async(
                 await client.close()
         except BaseException:  # noqa: BLE001
             log.exception("closing the client failed")
-        log.info("stats: %s", ops.stats)
 
 
 def _setup_logging(cfg: _config.ClientConfig, path: str | None) -> None:

@@ -315,6 +315,10 @@ class DirHandle:
         return nid
 
 
+def _nothing() -> None:
+    """Give back a buffer the garbage collector frees (see Fs3Operations._read_buffer)."""
+
+
 def _consume(task: asyncio.Task[Any]) -> None:
     """Retrieve a dropped task's outcome (nobody awaits it; asyncio would log it)."""
     if not task.cancelled():
@@ -330,6 +334,12 @@ class Stats:
     writes: int = 0
     reads: int = 0
     storage_writes: int = 0
+    staged_reads: int = 0  # reads into a transport staging slot (see Fs3Operations._read_buffer)
+    #: reads being served now, the most at once, and the sum over reads of how many were
+    #: in flight when each began (/ reads: the parallelism the kernel's requests get)
+    reads_in_flight: int = 0
+    max_reads_in_flight: int = 0
+    read_concurrency: int = 0
     ops: dict[str, int] = field(default_factory=dict)  # handler calls by name
 
 
@@ -365,6 +375,11 @@ class Fs3Operations(pyfuse3.Operations):
         self.stats = Stats()
         #: libfuse operations pyfuse3 does not bind (fallocate), installed after pyfuse3.init
         self.lowlevel = LowLevelHooks()
+        #: how long a read buffer whose read saw a failed attempt waits before reuse
+        #: (see read): a whole retry deadline plus one more attempt's timeout
+        ccfg = getattr(client, "config", None)
+        csec = ccfg.client if ccfg is not None else _config.ClientSection()
+        self._quarantine_s = float(csec.retry_deadline_s + csec.rpc_timeout_s)
         self._caps: dict[
             int, tuple[float, bytes | None]
         ] = {}  # inode -> (expiry, security.capability)
@@ -995,11 +1010,47 @@ class Fs3Operations(pyfuse3.Operations):
             log.info("largest read request so far: %d bytes", size)
         if self._busy(of.ist):
             await self._settle(of.ist)
-        # Read into one buffer and hand pyfuse3 a view of it (it takes any buffer): the client's
-        # read() would copy the bytes once more only to return an immutable object.
-        buf = bytearray(size)
-        n = await self._call(self.client.readinto(of.h, off, buf))
-        return memoryview(buf)[:n]  # type: ignore[return-value]
+        buf, free = self._read_buffer(size)
+        st.reads_in_flight += 1
+        st.read_concurrency += st.reads_in_flight
+        if st.reads_in_flight > st.max_reads_in_flight:
+            st.max_reads_in_flight = st.reads_in_flight
+        sstats = self.client.storage.stats
+        retries = sstats["read_retries"]
+        loop = asyncio.get_running_loop()
+        try:
+            n = await self._call(self.client.readinto(of.h, off, buf))
+        except BaseException:
+            loop.call_later(self._quarantine_s, free)
+            raise
+        finally:
+            st.reads_in_flight -= 1
+        if sstats["read_retries"] != retries:
+            # An attempt of this read (or of one beside it) failed: a node that timed out
+            # may still write into the buffer (one-sided); it is reused only once that
+            # attempt's work is long abandoned, never under another read's bytes.
+            loop.call_later(self._quarantine_s, free)
+        else:
+            # pyfuse3 writes the reply from this view in the step this handler returns in
+            # (fuse_read_async: fuse_reply_buf right after the await): the buffer is
+            # given back after that step, never while the kernel may still be sent it
+            loop.call_soon(free)
+        return buf[:n]  # type: ignore[return-value]
+
+    def _read_buffer(self, size: int) -> tuple[memoryview, Callable[[], None]]:
+        """The buffer a FUSE read lands in, and what gives it back.
+
+        A staging slot of the transport where it has one (:meth:`ClientTransport.staging_buffer`,
+        shared memory the same-host storage nodes map): the node writes the bytes straight
+        into it (one-sided) instead of sending them through the RPC socket, and no buffer
+        of the request's size is allocated and zeroed per read. Elsewhere (no shm, or the
+        arenas full) a plain bytearray, received into from the RPC frame.
+        """
+        got = self.client.transport.staging_buffer(size)
+        if got is not None:
+            self.stats.staged_reads += 1
+            return got
+        return memoryview(bytearray(size)), _nothing
 
     @_guard
     async def write(self, fh: int, off: int, buf: bytes) -> int:

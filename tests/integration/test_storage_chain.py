@@ -489,3 +489,34 @@ def test_read_many_matches_single_reads_and_fails_over(tmp_path: Path) -> None:
         assert all(bytes(b) == model[CS : CS + 4096] for b in bufs)
 
     run(tmp_path, body)
+
+
+@pytest.mark.timeout(90)
+def test_file_reads_ask_a_dead_replica_at_most_once(tmp_path: Path) -> None:
+    """StorageClient.read: a one-chunk read's first try (no retry machinery) that meets a
+    dead replica is answered by another one, and the full path it falls back to never
+    asks the dead replica again for that read; reads across chunks too."""
+
+    async def body(c: InProcessCluster, cl: ChunkClient) -> None:
+        chain = cl.routing.chains()[0].chain_id
+        cl.storage._rng = random.Random(5)  # which replica each read asks first
+        inode, chains = 81, [chain]
+        data = random.Random(12).randbytes(3 * CS)
+        for idx in range(3):
+            await cl.write(chain, inode, idx, 0, data[idx * CS : (idx + 1) * CS], chunk_size=CS)
+        buf = bytearray(4096)  # every replica's read stream is open before the kill
+        for _ in range(6):
+            await cl.storage.read(inode, chains, CS, CS, buf, len(data))
+        victim = cl.routing.chain_targets(chain)[1]
+        await c.kill_node(c.node_of_target(victim))
+        stats = cl.storage.stats
+        tries = []
+        for off, n in [(CS + 50, 4096)] * 40 + [(CS - 1000, CS + 2000)] * 10:
+            before = stats["read_retries"]
+            buf = bytearray(n)
+            assert await cl.storage.read(inode, chains, CS, off, buf, len(data)) == n
+            assert bytes(buf) == data[off : off + n]
+            tries.append(stats["read_retries"] - before)
+        assert max(tries) == 1  # met the dead replica, and only once per read
+
+    run(tmp_path, body)
