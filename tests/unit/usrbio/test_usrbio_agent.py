@@ -181,7 +181,7 @@ def env(request: pytest.FixtureRequest) -> Iterator[AgentEnv]:
     assert _my_shm_files() - before == set(), "Iov/Ior shared memory left behind"
 
 
-def _until(cond: Callable[[], bool], limit_s: float = 5.0) -> None:
+def _until(cond: Callable[[], bool], limit_s: float = 10.0) -> None:
     deadline = time.monotonic() + limit_s
     while not cond():
         assert time.monotonic() < deadline, "condition not reached in time"
