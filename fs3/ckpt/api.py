@@ -333,13 +333,22 @@ class _Snapshot:
     The per-tensor destinations (tensors/arrays over the buffer) are built
     once, so a snapshot is nothing but one copy per tensor: pinned memory when
     CUDA is present (device-to-host copies run asynchronously into it), else
-    memory of the process's :class:`~fs3.ckpt.store.HostArena` (huge pages,
-    every page faulted in here, reused from an earlier snapshot or load when
-    one was given back), which goes back to the arena when the snapshot is
-    dropped.
+    the store's bulk memory (:meth:`~fs3.ckpt.store.Store.alloc`: on an fs3
+    mount a registered USRBIO Iov of the process's load pool, which the
+    writer sends from with no staging copy; elsewhere the process's
+    :class:`~fs3.ckpt.store.HostArena`, in huge pages), every page faulted in
+    here, reused from an earlier snapshot or load when one was given back,
+    and given back when the snapshot is dropped.
     """
 
-    def __init__(self, tensors: list[_Tensor], total: int, *, populate: bool = True) -> None:
+    def __init__(
+        self,
+        tensors: list[_Tensor],
+        total: int,
+        *,
+        populate: bool = True,
+        store: Store | None = None,
+    ) -> None:
         torch = buffers.torch
         self.cuda = torch is not None and torch.cuda.is_available()
         # False: the first take faults the pages in, each copy thread its own range
@@ -348,7 +357,13 @@ class _Snapshot:
             t = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=True)
             self.mem = memoryview(cast(Any, t.numpy())).cast("B")[:total]
         elif total:
-            self.mem = host_arena().take(total, populate=populate)
+            # the store's bulk memory: on an fs3 mount a registered Iov, which the
+            # writer sends from in place and which a later load can reuse
+            self.mem = (
+                store.alloc(total, populate=populate)
+                if store is not None
+                else host_arena().take(total, populate=populate)
+            )
         else:
             self.mem = memoryview(b"")
         self.base = int(np.frombuffer(self.mem, dtype=np.uint8).ctypes.data) if total else 0
@@ -577,7 +592,8 @@ class Checkpointer:
             if prep is not None and prep[0] == key:
                 self._snap = prep[1].result()  # made by prepare(): waits only for what is left
             else:
-                self._snap = _Snapshot(tensors, total, populate=False)  # faulted in by take
+                # faulted in by take
+                self._snap = _Snapshot(tensors, total, populate=False, store=self.store)
             self._ref, self._ref_step, self._layout_key = None, None, key
         pol = self.policy
         kind, base = "full", None
@@ -644,7 +660,7 @@ class Checkpointer:
 
         def run() -> None:
             try:
-                made.set_result(_Snapshot(tensors, total))
+                made.set_result(_Snapshot(tensors, total, store=self.store))
             except BaseException as e:  # noqa: BLE001 - raised by the save that wants it
                 made.set_exception(e)
 
@@ -735,7 +751,7 @@ class Checkpointer:
                     self._ref_step = step
             if self._snap is None:
                 # the next snapshot's buffer, populated here rather than in the caller's stall
-                self._snap = _Snapshot(tensors, job["total"])
+                self._snap = _Snapshot(tensors, job["total"], store=self.store)
         return {"step": step, "kind": kind, "bytes": size, "seconds": time.perf_counter() - t0}
 
     def _pieces(
@@ -933,13 +949,13 @@ def _load(
     world_size: int,
     trusted: bool,
 ) -> Any:
+    seen = layout.Seen()
     if step is None:
-        step = layout.latest(store)
+        step = layout.latest(store, seen, rank)
         if step is None:
             raise FileNotFoundError(2, f"no valid checkpoint under {store.root}")
-    if step not in layout.steps(store):
+    elif step not in layout.prefetch(store, step, rank, seen, also=lambda: layout.steps(store)):
         raise FileNotFoundError(2, f"no checkpoint at step {step} under {store.root}")
-    seen: layout.Seen = {}
     info = layout.check(store, step, seen)
     if not info.valid:
         raise CorruptCheckpoint(5, f"checkpoint step {step} is not valid: {info.reason}")

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,16 +64,63 @@ def dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
 
 
-Seen = dict[str, bytes]  # small files already read in one operation (a load reads each once)
+class Seen:
+    """Small files and data-file sizes already read in one operation (a load reads each once)."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self.sizes: dict[str, int] = {}
+
+
+def _cached(cache: dict[str, Any] | None, rel: str, fetch: Callable[[str], Any]) -> Any:
+    if cache is None:
+        return fetch(rel)
+    if rel not in cache:
+        cache[rel] = fetch(rel)
+    return cache[rel]
 
 
 def _read(store: Store, rel: str, seen: Seen | None) -> bytes:
-    if seen is not None and rel in seen:
-        return seen[rel]
-    data = store.read_bytes(rel)
-    if seen is not None:
-        seen[rel] = data
-    return data
+    return bytes(_cached(seen.files if seen else None, rel, store.read_bytes))
+
+
+def _size(store: Store, rel: str, seen: Seen | None) -> int:
+    return int(_cached(seen.sizes if seen else None, rel, store.size))
+
+
+def prefetch(store: Store, step: int, rank: int, seen: Seen, *, also: Any = None) -> Any:
+    """Read what validating and loading ``rank``'s part of ``step`` needs, all at once, into ``seen``.
+
+    The manifest, the success marker, the rank's index and its data file's
+    size are read concurrently (each is a round trip through the mount or
+    the client; one after the other they add up to a visible part of a
+    load). A file that cannot be read is left out: the check that follows
+    reads it again and reports why. ``also`` (a callable) runs beside them;
+    its result is returned.
+    """
+    try:
+        d = step_dir(step)
+    except ValueError:  # no such step can exist: nothing to read ahead
+        return also() if also is not None else None
+
+    def quiet(fn: Any, *args: Any) -> None:
+        try:
+            fn(store, *args, seen)
+        except OSError:
+            pass
+
+    jobs: list[tuple[Any, tuple[Any, ...]]] = [
+        (_read, (f"{d}/{MANIFEST}",)),
+        (_read, (f"{d}/{MARKER}",)),
+        (_read, (f"{d}/{index_name(rank)}",)),
+        (_size, (f"{d}/{data_name(rank)}",)),
+    ]
+    with ThreadPoolExecutor(len(jobs) + 1, thread_name_prefix="fs3-ckpt-meta") as ex:
+        futs = [ex.submit(quiet, fn, *args) for fn, args in jobs]
+        extra = ex.submit(also) if also is not None else None
+        for f in futs:
+            f.result()
+        return extra.result() if extra is not None else None
 
 
 def read_json(store: Store, rel: str, seen: Seen | None = None) -> Any:
@@ -121,7 +170,7 @@ def _check_own(store: Store, step: int, seen: Seen | None = None) -> CkptInfo:
         info.reason = f"unreadable manifest: {e}"
         return info
     try:
-        marker = json.loads(store.read_bytes(f"{d}/{MARKER}"))
+        marker = json.loads(_read(store, f"{d}/{MARKER}", seen))
     except OSError:
         info.reason = "no success marker (incomplete save)"
         return info
@@ -136,7 +185,7 @@ def _check_own(store: Store, step: int, seen: Seen | None = None) -> CkptInfo:
             if crc32c(_read(store, f"{d}/{r['index']}", seen)) != r["index_crc32c"]:
                 info.reason = f"{r['index']} does not match the manifest"
                 return info
-            if store.size(f"{d}/{r['data']}") != r["data_bytes"]:
+            if _size(store, f"{d}/{r['data']}", seen) != r["data_bytes"]:
                 info.reason = f"{r['data']} has the wrong size"
                 return info
         except OSError as e:
@@ -196,10 +245,17 @@ def check(store: Store, step: int, seen: Seen | None = None) -> CkptInfo:
     return info
 
 
-def latest(store: Store) -> int | None:
-    """The newest valid checkpoint's step (None if there is none); checks newest first."""
+def latest(store: Store, seen: Seen | None = None, rank: int = 0) -> int | None:
+    """The newest valid checkpoint's step (None if there is none); checks newest first.
+
+    ``seen``: what the checks read is kept there (a load then reads nothing
+    twice), and each candidate's files for ``rank`` are read concurrently
+    (:func:`prefetch`).
+    """
     for s in reversed(steps(store)):
-        if check(store, s).valid:
+        if seen is not None:
+            prefetch(store, s, rank, seen)
+        if check(store, s, seen).valid:
             return s
     return None
 

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from fs3.durable import write_durably
+from fs3.transport.region import populate_range
 
 IO_BYTES = 1 << 20  # one I/O = the default chunk size: each I/O touches one chain
 INFLIGHT = 64  # I/Os in flight per bulk call (over all its rings)
@@ -73,10 +74,6 @@ def _addr(mv: memoryview) -> int:
     return int(np.frombuffer(mv, dtype=np.uint8).ctypes.data) if len(mv) else 0
 
 
-_MADV_POPULATE_WRITE = 23  # Linux >= 5.14 (Python 3.11's mmap module does not name it)
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
 def anon_mmap(nbytes: int) -> mmap.mmap:
     """A private anonymous mapping of ``nbytes``, in transparent huge pages where the kernel allows.
 
@@ -102,19 +99,6 @@ def populate_memory(buf: memoryview, step: int = 0) -> bool:
     in on first write, as without this call.
     """
     return populate_range(_addr(buf), len(buf), step) if len(buf) else True
-
-
-def populate_range(addr: int, n: int, step: int = 0) -> bool:
-    """:func:`populate_memory` of the ``n`` bytes at ``addr`` (memory of this process)."""
-    page = mmap.PAGESIZE
-    lo, hi = addr // page * page, addr + n
-    step = step or hi - lo
-    for a in range(lo, hi, step):
-        if _libc.madvise(
-            ctypes.c_void_p(a), ctypes.c_size_t(min(step, hi - a)), _MADV_POPULATE_WRITE
-        ):
-            return False
-    return True
 
 
 def huge_bytes(buf: memoryview) -> int:
@@ -152,14 +136,16 @@ class Store:
     kind: str  # "usrbio", "posix" or "client": which data path bulk I/O takes
 
     # -- bulk data
-    def alloc(self, nbytes: int) -> memoryview:
+    def alloc(self, nbytes: int, *, populate: bool = False) -> memoryview:
         """A host buffer of ``nbytes`` that this store's bulk I/O fills or drains with no copy if it can.
 
-        Views of it (``buf[a:b]``, tensors over them) keep the memory; pooled
-        memory (here the process's :class:`HostArena`, which snapshots share)
-        is reused only after the buffer and every view of it are gone.
+        Loads read into it and snapshots are copied into it. Views of it
+        (``buf[a:b]``, tensors over them) keep the memory; pooled memory (here
+        the process's :class:`HostArena`) is reused only after the buffer and
+        every view of it are gone. ``populate``: every page is faulted in
+        before this returns.
         """
-        return host_arena().take(nbytes) if nbytes else memoryview(b"")
+        return host_arena().take(nbytes, populate=populate) if nbytes else memoryview(b"")
 
     def write_segments(
         self, rel: str, segs: Sequence[Segment], *, size: int, inflight: int = INFLIGHT
@@ -286,6 +272,7 @@ class BufferPool:
         self.idle_max = idle_max
         self.idle_bytes = idle_bytes
         self._all: list[_Pooled] = []
+        self.made = 0  # mappings made so far (a take that reused one does not count)
         self._lock = threading.RLock()  # the return callback may run inside a locked section (gc)
         self._closed = False
         self._timer: threading.Timer | None = None
@@ -308,6 +295,7 @@ class BufferPool:
                 p = min(fits, key=lambda q: q.mem.size) if fits else None
                 if p is None:
                     p = _Pooled(self._make(want))
+                    self.made += 1
                     self._all.append(p)
                 p.lent = True
                 # a buffer given back meanwhile (a gc pass inside this section runs its
@@ -399,8 +387,9 @@ class BufferPool:
 
 
 class LoadPool(BufferPool):
-    """Registered USRBIO Iovs that loads read into and hand out as tensors (see :class:`BufferPool`).
+    """Registered USRBIO Iovs that loads read into (handed out as tensors) and snapshots fill.
 
+    See :class:`BufferPool`.
     Closing an Iov deregisters and unlinks it; a lent one's pages stay while
     its views do.
     """
@@ -424,7 +413,20 @@ class LoadPool(BufferPool):
     def _make(self, size: int) -> Any:
         from fs3.usrbio import Iov
 
-        return Iov(self.mount, size)
+        iov = Iov(self.mount, size)
+        try:
+            # Allocate the file's pages now (one call; zeroed later, where first
+            # touched): a storage server maps a region's allocated pages in one
+            # go when it is registered there (ShmRegion.populate_allocated), at
+            # the Iov's first I/O, instead of faulting them in one by one.
+            fd = os.open(iov.path, os.O_RDWR)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # no room in /dev/shm for all of it now: pages are allocated as written
+        return iov
 
 
 _load_pools: dict[tuple[int, str, int, int], LoadPool] = {}
@@ -573,25 +575,29 @@ class PosixStore(Store):
             self._pool = ThreadPoolExecutor(INFLIGHT, thread_name_prefix="fs3-ckpt-io")
         return self._pool
 
-    def alloc(self, nbytes: int) -> memoryview:
-        """On an fs3 mount: memory of a registered USRBIO Iov, so the agent reads into it directly.
+    def alloc(self, nbytes: int, *, populate: bool = False) -> memoryview:
+        """On an fs3 mount: memory of a registered USRBIO Iov, so the agent moves data in place.
 
         The Iov comes from the process's :class:`LoadPool` for this mount
-        (:func:`load_pool`): the first load of a size maps a fresh one (its pages are faulted in while the data
-        arrives); once every view of a buffer is gone, the Iov goes back to the
-        pool and the next load of that size reads into memory that is already
-        mapped, registered and faulted in (measured: fresh pages cost this VM
-        about as much CPU as the read itself, benchmarks/ckpt.py). The Iov is
-        shared memory (/dev/shm): a buffer that would take more than half of
-        what is free there is process memory instead (staged).
+        (:func:`load_pool`), which loads and snapshots share: a load reads
+        straight into it, a save writes straight from it (no staging copy).
+        The first buffer of a size maps a fresh Iov; once every view of a
+        buffer is gone the Iov goes back to the pool, and the next load or
+        snapshot of that size uses memory that is already mapped, registered
+        and faulted in, here and in the storage servers (measured: fresh
+        pages cost this VM about as much CPU as the read itself,
+        benchmarks/ckpt.py). So a job that saved and dropped a snapshot
+        buffer, or loaded and dropped the tensors, reuses those pages. The Iov
+        is shared memory (/dev/shm): a buffer that would take more than half
+        of what is free there is process memory instead (staged).
         """
         if self.mount is None or nbytes == 0 or nbytes > _shm_bytes(free=True) // 2:
-            return super().alloc(nbytes)
+            return super().alloc(nbytes, populate=populate)
         with self._lock:
             if self._loads is None or self._loads.closed:
                 self._loads = load_pool(self.mount)
             pool = self._loads
-        return pool.take(nbytes)
+        return pool.take(nbytes, populate=populate)
 
     def _iov_of(self, mv: memoryview) -> tuple[Any, int] | None:
         """The registered Iov that ``mv`` lies in (and its offset there), if any."""

@@ -46,6 +46,7 @@ import socket
 import struct
 import weakref
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,6 +175,8 @@ class ShmRegistry:
         self._socket_path = ""
         self._conns: set[asyncio.Task[None]] = set()
         self._conn_slots = asyncio.Semaphore(MAX_PENDING_REGISTRATIONS)
+        # maps a new region's allocated pages off the event loop, one region at a time
+        self._populator: ThreadPoolExecutor | None = None
 
     def __len__(self) -> int:
         return len(self._regions)
@@ -224,6 +227,11 @@ class ShmRegistry:
         if old is not None:
             self._bury(old.region)
         self._regions[req.region] = _Registered(req.client_id, req.region, pid, start, region, uid)
+        # Reads into the region then fault no page that its owner already has
+        # (ShmRegion.populate_allocated); requests are served meanwhile.
+        if self._populator is None:
+            self._populator = ThreadPoolExecutor(1, thread_name_prefix="shm-populate")
+        self._populator.submit(region.populate_allocated)
         event(
             log,
             "shm region registered",
@@ -373,6 +381,10 @@ class ShmRegistry:
             remove_socket(self._socket_path)
         for rid, reg in list(self._regions.items()):
             self.unregister(reg.client_id, rid)
+        if self._populator is not None:
+            # a region closed meanwhile stops its populate at the next step
+            self._populator.shutdown(wait=False, cancel_futures=True)
+            self._populator = None
         self._graveyard = [r for r in self._graveyard if not r.close(unlink=False)]
 
 

@@ -173,7 +173,9 @@ def test_usrbio_load_is_zero_copy_and_failures_drain(
     m = _mapping_of(out["layers"]["0"].data_ptr())
     assert "/dev/shm/" in m, m
     pool = c.store._loads
-    assert pool is not None and len(pool.sizes()[0]) == 1
+    # lent: the load's Iov and the checkpointer's snapshot buffer (the pool serves both)
+    assert pool is not None and len(pool.sizes()[0]) == 2
+    assert c._snap is not None and pool.find(c._snap.base, len(c._snap.mem)) is not None
     out["layers"]["0"].add_(1)  # ordinary writable memory
     # a read past the end fails on one ring while the other has I/Os in flight: both drain
     # (the staging Iov is reused by the next call) and the error is the short read
@@ -203,10 +205,12 @@ def _region_of(t: Any) -> tuple[int, int]:
 
 def test_usrbio_load_pool_reuses_memory_only_once_released(fuse_cluster: ProcessCluster) -> None:
     d = fresh_dir(fuse_cluster)
-    c = ckpt.Checkpointer(str(d))
+    w = ckpt.Checkpointer(str(d))
     sd1, sd2 = _state(5, n=60), _state(6, n=60)
-    c.save(sd1, step=1).wait()
-    c.save(sd2, step=2).wait()
+    w.save(sd1, step=1).wait()
+    w.save(sd2, step=2).wait()
+    w.close()  # its snapshot buffers go back to the pool (expired below with the others)
+    c = ckpt.Checkpointer(str(d))
     a = c.load(1)
     pool = c.store._loads
     assert pool is not None and pool is load_pool(c.store.mount)  # the process's, per mount
@@ -277,6 +281,34 @@ def test_usrbio_load_pool_reuses_memory_only_once_released(fuse_cluster: Process
     c = ckpt.Checkpointer(str(d))
     _same(sd1, c.load(1))
     assert c.store._loads is not pool and c.store._loads is load_pool(c.store.mount)
+    c.close()
+
+
+def test_snapshot_memory_is_reused_by_a_load(
+    fuse_cluster: ProcessCluster,
+) -> None:
+    d = fresh_dir(fuse_cluster)
+    sd = {f"w{i}": torch.randn(257 * 1024 + i) for i in range(8)}  # ~8 MiB over chunks
+    w = ckpt.Checkpointer(str(d))
+    w.save(sd, step=1).wait()  # the writer sends straight from the snapshot's Iov
+    pool = w.store._loads
+    assert pool is not None and w._snap is not None
+    snap = _region_of(torch.frombuffer(w._snap.mem, dtype=torch.uint8))
+    w.close()  # the snapshot buffer goes back to the pool, idle
+    c = ckpt.Checkpointer(str(d))
+    made = pool.made
+    out = c.load(1)
+    # the first load of this checkpointer reads into the snapshot's memory: nothing fresh
+    assert pool.made == made and _region_of(out["w0"]) == snap
+    _same(sd, out)
+    # its pages were allocated in full (fallocate) before the servers saw the region, so
+    # each server maps them all when it is registered there (ShmRegion.populate_allocated)
+    st = os.stat(_mapping_of(out["w0"].data_ptr()).split()[-1])
+    assert st.st_blocks * 512 >= st.st_size
+    del out
+    again = c.load(1)  # and again, into the same memory
+    assert pool.made == made and _region_of(again["w0"]) == snap
+    _same(sd, again)
     c.close()
 
 

@@ -502,3 +502,55 @@ def test_read_verified_checks_as_pieces_arrive_and_names_the_bad_entry(tmp_path:
     with pytest.raises(CorruptCheckpoint, match="'t1'"):
         read_verified(s, "f.data", [Segment(0, mv)], entries, views)
     s.close()
+
+
+class _SlowCountingStore(PosixStore):
+    """Counts small-file reads and size lookups; each takes ``delay`` (a round trip to a server)."""
+
+    def __init__(self, root: str, delay: float) -> None:
+        super().__init__(root, usrbio=False)
+        self.delay = delay
+        self.reads: list[str] = []
+        self.sizes: list[str] = []
+        self._busy = 0
+        self.overlap = 0  # most metadata calls in flight at once
+        self._mu = threading.Lock()
+
+    def _call(self, log: list[str], rel: str, fn: Any) -> Any:
+        with self._mu:
+            log.append(rel)
+            self._busy += 1
+            self.overlap = max(self.overlap, self._busy)
+        try:
+            threading.Event().wait(self.delay)
+            return fn(rel)
+        finally:
+            with self._mu:
+                self._busy -= 1
+
+    def read_bytes(self, rel: str) -> bytes:
+        return bytes(self._call(self.reads, rel, super().read_bytes))
+
+    def size(self, rel: str) -> int:
+        return int(self._call(self.sizes, rel, super().size))
+
+
+@pytest.mark.parametrize("step", [None, 3])
+def test_load_reads_each_small_file_once_and_concurrently(tmp_path: Path, step: int | None) -> None:
+    sd = _state(4)
+    with ckpt.Checkpointer(str(tmp_path)) as c:
+        for s in (1, 3):
+            c.save(sd, step=s).wait()
+    st = _SlowCountingStore(str(tmp_path), delay=0.05)
+    _same(sd, ckpt.load(st, step))
+    # manifest, marker, index and the data size: each asked once (latest() included), and
+    # together: one round trip's wait instead of four
+    assert sorted(set(st.reads)) == sorted(st.reads) and len(st.reads) == 3
+    assert st.sizes == [f"{layout.step_dir(3)}/{layout.data_name(0)}"]
+    assert st.overlap >= 3
+    # a missing step is still a clear error, and a bad step number too
+    with pytest.raises(FileNotFoundError):
+        ckpt.load(st, 2)
+    with pytest.raises(FileNotFoundError):
+        ckpt.load(st, -1)
+    st.close()

@@ -14,6 +14,7 @@ import pytest
 import fs3.ckpt as ckpt
 from fs3.ckpt import store
 from fs3.ckpt.store import HostArena, huge_bytes, populate_memory
+from fs3.transport import region
 
 torch = pytest.importorskip("torch")
 
@@ -129,7 +130,7 @@ def test_populate_unsupported_falls_back_to_faults_on_write(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # a kernel without MADV_POPULATE_WRITE rejects the advice: pages then fault on first write
-    monkeypatch.setattr(store, "_MADV_POPULATE_WRITE", 0x7FFF)
+    monkeypatch.setattr(region, "_MADV_POPULATE_WRITE", 0x7FFF)
     arena = HostArena()
     mv = arena.take(2 * MiB, populate=True)
     assert populate_memory(mv) is False

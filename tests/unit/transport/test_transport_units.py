@@ -5,7 +5,9 @@ from __future__ import annotations
 import mmap
 import os
 import random
+import resource
 
+import numpy as np
 import pytest
 
 from fs3.errors import Code, FsError
@@ -196,3 +198,81 @@ def test_private_copies_reuse_a_mapping_only_once_no_view_is_left() -> None:
     d = pc.copy(memoryview(b"d" * 100_000))  # both busy, pool full: a mapping of its own
     assert pc.cached_bytes == 256 << 10 and bytes(d[-3:]) == b"ddd"
     assert buffer_address(d)[0] % mmap.PAGESIZE == 0
+
+
+def _minflt() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _touch_pages(buf: memoryview) -> None:
+    """Write a zero to the last byte of every page of ``buf`` (the tests keep zeros there).
+
+    Writes only: a read first would map neighbouring pages too (fault-around).
+    """
+    np.frombuffer(buf, dtype=np.uint8)[mmap.PAGESIZE - 1 :: mmap.PAGESIZE] = 0
+
+
+@pytest.mark.timeout(30)
+def test_populate_allocated_maps_the_owners_pages_only() -> None:
+    """A region mapped by a second process (here a second mapping) gets its allocated pages at
+    once, bytes unchanged; holes stay holes, so a sparse region never becomes memory."""
+    size = 8 << 20
+    owner = ShmRegion.create(size, prefix="fs3-unit")
+    try:
+        owner.buf[:5] = b"hello"
+        owner.buf[3 << 20 : (3 << 20) + 5] = b"world"  # two written pages, the rest holes
+        other = ShmRegion.from_fd(os.dup(owner.fd), size, owner.id)
+        try:
+            assert other.populate_allocated() == 2 * mmap.PAGESIZE
+            assert os.fstat(owner.fd).st_blocks * 512 == 2 * mmap.PAGESIZE  # nothing allocated
+        finally:
+            other.close()
+        os.posix_fallocate(owner.fd, 0, size)  # the owner allocates everything
+        other = ShmRegion.from_fd(os.dup(owner.fd), size, owner.id)
+        try:
+            assert other.populate_allocated(step=1 << 20) == size
+            f0 = _minflt()
+            _touch_pages(other.buf)
+            assert _minflt() - f0 < 64  # 2048 pages, already mapped
+            assert bytes(other.buf[:5]) == b"hello"
+            assert bytes(other.buf[3 << 20 : (3 << 20) + 5]) == b"world"
+            assert not any(other.buf[1 << 20 : 2 << 20])
+        finally:
+            other.close()
+        # without the call the same writes fault page by page (what the call saves)
+        other = ShmRegion.from_fd(os.dup(owner.fd), size, owner.id)
+        try:
+            f0 = _minflt()
+            _touch_pages(other.buf)
+            assert _minflt() - f0 >= size // mmap.PAGESIZE // 2
+        finally:
+            other.close()
+        closed = ShmRegion.from_fd(os.dup(owner.fd), size, owner.id)
+        closed.close()
+        assert closed.populate_allocated() == 0  # a closed region: nothing
+    finally:
+        owner.close()
+
+
+@pytest.mark.timeout(30)
+def test_registry_maps_a_registered_regions_pages_in_the_background() -> None:
+    from fs3.transport.server import ServerTransport
+
+    size = 4 << 20
+    r = ShmRegion.create(size, prefix="fs3-unit")
+    os.posix_fallocate(r.fd, 0, size)
+    st = ServerTransport()
+    try:
+        req = transport_pb2.RegisterRegionRequest(client_id="c", region=r.id, size=r.size)
+        st.regions.register_handle(req, os.dup(r.fd), os.getpid(), os.getuid())
+        populator = st.regions._populator
+        assert populator is not None
+        populator.submit(lambda: None).result(timeout=20)  # one worker: the populate is done
+        view = st.regions.view(transport_pb2.ShmRef(region=r.id, offset=0, length=size))
+        f0 = _minflt()
+        _touch_pages(view)
+        assert _minflt() - f0 < 32  # a server writing a read into it faults nothing
+        view.release()
+    finally:
+        st.regions.unregister("c", r.id)
+        r.close()
