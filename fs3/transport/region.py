@@ -366,6 +366,19 @@ class ShmRegion:
             return None
         return addr - self.address
 
+    def unlink(self) -> None:
+        """Remove the file of a region this object owns now; the mapping stays usable.
+
+        Why: a process about to close its regions may be killed (a supervisor's
+        SIGTERM) while it still waits on peers; unlinked first, its file cannot
+        outlive it in /dev/shm (peers keep their own mappings until they unmap).
+        """
+        if self.owner and not self._dead:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
     def close(self, unlink: bool | None = None) -> bool:
         """Unmap (and unlink if we own it). False if views are still exported.
 

@@ -805,6 +805,8 @@ class ShmClientTransport(ClientTransport):
         if self._closed:
             return
         self._closed = True
+        for arena in self._staging.arenas:
+            arena.region.unlink()  # before the waits below, which a supervisor may cut short
         ids = list(self._regions) + [a.region.id for a in self._staging.arenas]
         try:
             await asyncio.wait_for(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
 
 import pytest
@@ -231,5 +232,43 @@ def test_read_ref_ready_only_once_the_node_mapped_the_region(
             t._last = None
             await t.close()
             region.close()
+
+    asyncio.run(main())
+
+
+def _exists(path: str) -> bool:
+    return os.path.exists(path)
+
+
+def test_close_removes_staging_files_before_waiting_on_nodes() -> None:
+    """A supervisor may kill a closing process while it still waits for nodes to
+    unregister its regions: the staging arenas' files are gone before that wait, so
+    none is left behind in /dev/shm."""
+
+    async def main() -> None:
+        t = AutoClientTransport("c9", is_local=lambda addr: addr == LOCAL)
+        got = t.staging_buffer(4096)
+        assert got is not None
+        buf, release = got
+        (arena,) = t._staging.arenas
+        path = arena.region.path
+        release()
+        del buf
+        t._last = None
+        waiting = asyncio.Event()
+
+        async def hang(region_id: str) -> None:
+            waiting.set()
+            await asyncio.Event().wait()
+
+        t._unregister_everywhere = hang  # type: ignore[method-assign]
+        assert _exists(path)
+        closing = asyncio.create_task(t.close())
+        await waiting.wait()
+        assert not _exists(path)  # removed while the unregister still waits
+        closing.cancel()  # the kill
+        with contextlib.suppress(asyncio.CancelledError):
+            await closing
+        arena.region.close()
 
     asyncio.run(main())
