@@ -13,6 +13,8 @@ A two-rank save whose rank 1 dies leaves no marker either.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import shutil
 import signal
@@ -152,6 +154,11 @@ class Writer:
         for f in (self.p.stdout, self.p.stderr):
             if f is not None:
                 f.close()
+        # shared memory the killed writer created (USRBIO Iovs, transport staging): a
+        # mount's agent reclaims its Iovs, but the cluster may stop before it does
+        for leftover in glob.glob(f"/dev/shm/fs3-*-{self.p.pid}-*"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
 
 
 def _root(cluster: ProcessCluster, how: str) -> tuple[str, str, Any]:
