@@ -49,7 +49,7 @@ import crc32c
 from fs3.client.layout import ChunkPiece, chain_of, chunks_from, split
 from fs3.client.retry import Deadline, RetryPolicy, retrying
 from fs3.errors import Code, FsError
-from fs3.proto import storage_pb2, storage_pb2_grpc
+from fs3.proto import mgmtd_pb2, storage_pb2, storage_pb2_grpc
 from fs3.routing import Routing
 from fs3.rpc.channel import BidiStream, ChannelPool, call
 from fs3.security.capability import CapabilitySource
@@ -837,16 +837,10 @@ class StorageClient:
         closures, the routing-error wrapper and the piece list of the general path
         cost more Python than the try itself (the same first try as :meth:`read_many`'s).
         """
-        routing = self._routing()
         try:
-            chain = routing.chain(p.chain_id)
-            serving = routing.serving_targets(p.chain_id)
-            if not serving:
-                return 0
-            target = self._least_loaded(serving)
-            node = routing.node_of_target(target)
+            version, target, node = self._first_replica(self._routing(), p.chain_id)
         except FsError:
-            return 0  # stale routing: the full path refreshes it
+            return 0  # stale routing or nobody serving: the full path refreshes and waits
         load = self._target_load
         load[target] = load.get(target, 0) + 1
         token = b""
@@ -858,7 +852,7 @@ class StorageClient:
                 dest,
                 node,
                 target,
-                int(chain.version),
+                version,
                 min(self._policy.rpc_timeout_s, self._policy.deadline_s),
                 token,
             )
@@ -944,6 +938,22 @@ class StorageClient:
                 self._unload(target)
 
         return await self._retry(attempt, f"read chunk {inode}:{p.index}")
+
+    def _first_replica(
+        self, routing: Routing, chain_id: int
+    ) -> tuple[int, int, mgmtd_pb2.NodeInfo]:
+        """Chain version, target and node of a read's first try (the least-loaded serving replica).
+
+        Shared by :meth:`_read_first` and :meth:`read_many`; a missing chain, target or node
+        (stale routing) or a chain with nobody serving raises a retryable FsError.
+        """
+        with _stale_routing_is_retryable():
+            version = int(routing.chain(chain_id).version)
+            serving = routing.serving_targets(chain_id)
+            if not serving:
+                raise FsError(Code.TARGET_NOT_SERVING, "no serving target", retryable=True)
+            target = self._least_loaded(serving)
+            return version, target, routing.node_of_target(target)
 
     def _least_loaded(self, candidates: Sequence[int]) -> int:
         """The candidate with the fewest reads in flight from this client (random among equals)."""
@@ -1147,13 +1157,7 @@ class StorageClient:
             chain_id = chain_of(chains, index)
             p = ChunkPiece(index, chain_id, offset - index * chunk_size, n, 0, offset)
             try:
-                with _stale_routing_is_retryable():
-                    version = int(routing.chain(chain_id).version)
-                    serving = routing.serving_targets(chain_id)
-                    if not serving:
-                        raise FsError(Code.TARGET_NOT_SERVING, "no serving target", retryable=True)
-                    target = self._least_loaded(serving)
-                    node = routing.node_of_target(target)
+                version, target, node = self._first_replica(routing, chain_id)
                 token = await self._cap(inode, False)
                 fut, ref, complete = await self._submit_read(
                     inode, p, mv[:n], node, target, version, timeout_s, token
