@@ -512,9 +512,12 @@ class _Staging:
                 return _Slot(arena, off, size, arena.region.buf[off : off + size])
         want = self.arena_bytes if size <= self.arena_bytes else (size + (1 << 20) - 1) >> 20 << 20
         if self.total() + want <= self.max_bytes or not self.arenas:
-            arena = _Arena(
-                ShmRegion.create(want, prefix="fs3-staging"), dedicated=size > self.arena_bytes
-            )
+            region = ShmRegion.create(want, prefix="fs3-staging")
+            # Nodes get the arena by descriptor (SCM_RIGHTS), never by name, so its
+            # file is removed at once: the memory lives while some process maps it,
+            # and no end of this process (kill -9 included) leaves it in /dev/shm.
+            region.unlink()
+            arena = _Arena(region, dedicated=size > self.arena_bytes)
             self.arenas.append(arena)
             off = arena.alloc(size)
             assert off is not None
@@ -805,8 +808,6 @@ class ShmClientTransport(ClientTransport):
         if self._closed:
             return
         self._closed = True
-        for arena in self._staging.arenas:
-            arena.region.unlink()  # before the waits below, which a supervisor may cut short
         ids = list(self._regions) + [a.region.id for a in self._staging.arenas]
         try:
             await asyncio.wait_for(

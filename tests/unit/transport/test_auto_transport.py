@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
@@ -240,35 +242,42 @@ def _exists(path: str) -> bool:
     return os.path.exists(path)
 
 
-def test_close_removes_staging_files_before_waiting_on_nodes() -> None:
-    """A supervisor may kill a closing process while it still waits for nodes to
-    unregister its regions: the staging arenas' files are gone before that wait, so
-    none is left behind in /dev/shm."""
+def test_staging_arena_has_no_file_while_in_use() -> None:
+    """Nodes get a staging arena by descriptor, never by name, so its /dev/shm file
+    is removed when the arena is made: a process killed at any point (SIGKILL, a
+    supervisor's SIGTERM while close still waits on nodes) leaves no file behind."""
 
     async def main() -> None:
         t = AutoClientTransport("c9", is_local=lambda addr: addr == LOCAL)
-        got = t.staging_buffer(4096)
-        assert got is not None
-        buf, release = got
-        (arena,) = t._staging.arenas
-        path = arena.region.path
-        release()
-        del buf
-        t._last = None
-        waiting = asyncio.Event()
-
-        async def hang(region_id: str) -> None:
-            waiting.set()
-            await asyncio.Event().wait()
-
-        t._unregister_everywhere = hang  # type: ignore[method-assign]
-        assert _exists(path)
-        closing = asyncio.create_task(t.close())
-        await waiting.wait()
-        assert not _exists(path)  # removed while the unregister still waits
-        closing.cancel()  # the kill
-        with contextlib.suppress(asyncio.CancelledError):
-            await closing
-        arena.region.close()
+        async with staged(t, 4096) as buf:
+            (arena,) = t._staging.arenas
+            assert not _exists(arena.region.path)
+            assert os.fstat(arena.region.fd).st_nlink == 0  # the memory lives on the descriptor
+            buf[:5] = b"hello"
+            assert bytes(arena.region.buf[:5]) == b"hello"
 
     asyncio.run(main())
+
+
+def test_killed_process_leaves_no_staging_file() -> None:
+    """A child that made staging memory and was killed with SIGKILL leaves nothing in /dev/shm."""
+    code = (
+        "import asyncio, os, sys\n"
+        "from fs3.transport.auto import AutoClientTransport\n"
+        "t = AutoClientTransport('c9', is_local=lambda a: False)\n"
+        "got = t.staging_buffer(4096)\n"
+        "assert got is not None\n"
+        "sys.stdout.write('ready\\n'); sys.stdout.flush()\n"
+        "sys.stdin.read()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "ready\n"
+        assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"fs3-staging-{child.pid}-")]
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"fs3-staging-{child.pid}-")]
