@@ -147,7 +147,6 @@ class _Blocked:
     t: StorageTarget
     key: ChunkKey
     view: memoryview | None
-    started: float
 
 
 def _read_sync(b: _Blocked, *, nowait: bool = False) -> Any:
@@ -359,38 +358,43 @@ class StorageOperator:
         several groups in flight so the disk still sees many reads at once), and
         are finished (checksum, answer) back on the loop.
         """
+        started = time.perf_counter()
         ios = req.ios
         slots: list[Any] | None = [None] * len(ios) if reply is not None else None
         results: list[Any] = [None] * len(ios)  # a ReadResult each, once served
         blocked: list[_Blocked] = []
+        hits: list[tuple[_Blocked, Any]] = []
+        dest_view = getattr(self.rep.payload, "shm_dest_view", None)
         for i, io in enumerate(ios):
-            r = self._read_start(io, slots, i)
+            r = self._read_start(io, slots, i, dest_view)
             if isinstance(r, _Blocked):
                 blocked.append(r)
             elif isinstance(r, tuple):
-                results[i] = await self._read_finish(r[0], r[1], slots)
+                hits.append(r)
             else:
                 results[i] = r
-        if blocked:
+        served: list[tuple[StorageTarget, int]] = []
+        pool: asyncio.Future[list[list[Any]]] | None = None
+        groups: list[list[_Blocked]] = []
+        if blocked:  # the disk reads start before the page-cache hits are answered
             step = READ_GROUP
             groups = [blocked[k : k + step] for k in range(0, len(blocked), step)]
-            try:
-                if len(groups) == 1:
-                    done = [await self.rep.run_blocking(_read_group, groups[0])]
-                else:
-                    done = list(
-                        await asyncio.gather(
-                            *(self.rep.run_blocking(_read_group, g) for g in groups)
-                        )
-                    )
-            except BaseException:  # cancelled: a worker may still hold a view; GC frees it
-                for b in blocked:
-                    if b.view is not None:
-                        _release(b.view)
-                raise
-            for group, outcomes in zip(groups, done, strict=True):
-                for b, got in zip(group, outcomes, strict=True):
-                    results[b.index] = await self._read_finish(b, got, slots)
+            pool = asyncio.gather(*(self.rep.run_blocking(_read_group, g) for g in groups))
+        try:
+            for b, got in hits:
+                results[b.index] = await self._read_finish(b, got, slots, served)
+            if pool is not None:
+                for group, outcomes in zip(groups, await pool, strict=True):
+                    for b, got in zip(group, outcomes, strict=True):
+                        results[b.index] = await self._read_finish(b, got, slots, served)
+        except BaseException:  # cancelled: a worker may still hold a view; GC frees it
+            if pool is not None:
+                pool.cancel()
+            for b in blocked:
+                if b.view is not None:
+                    _release(b.view)
+            raise
+        self._count_reads(served, started)
         if reply is not None and slots is not None:
             reply.extend(d for d in slots if d is not None and len(d))
         return storage_pb2.BatchReadResponse(results=results)
@@ -510,67 +514,72 @@ class StorageOperator:
         )
 
     def _read_start(
-        self, io: storage_pb2.ReadIO, slots: list[Any] | None, index: int
+        self,
+        io: storage_pb2.ReadIO,
+        slots: list[Any] | None,
+        index: int,
+        dest_view: Callable[[Any], memoryview | None] | None,
     ) -> storage_pb2.ReadResult | _Blocked | tuple[_Blocked, Any]:
         """Check one io and serve it from the page cache if it can be, without blocking.
 
         Returns an error answer, the :class:`_Blocked` read the I/O pool has to do,
-        or ``(read, its engine result)`` when the page cache had the bytes. A shared-memory destination (USRBIO, FUSE staging) gets the
-        bytes ``preadv``'d and verified in place: the payload is never copied through
-        Python. Whether to try the page cache at all follows the recent hit rate
-        (:meth:`_try_cache`): a cold random read would only pay an ``open``, a failed
-        ``preadv`` and an exception before going to the pool anyway.
+        or ``(read, its engine result)`` when the page cache had the bytes. A
+        shared-memory destination (``dest_view`` maps it: USRBIO, FUSE staging) gets
+        the bytes ``preadv``'d and verified in place: the payload is never copied
+        through Python. Whether to try the page cache at all follows the recent hit
+        rate (:meth:`_try_cache`): a cold random read would only pay an ``open``, a
+        failed ``preadv`` and an exception before going to the pool anyway. Every
+        field is read once (each access of a protobuf field makes an object).
         """
-        started = time.perf_counter()
         t: StorageTarget | None = None
         view: memoryview | None = None
+        chunk = io.chunk
+        key = ChunkKey(chunk.inode, chunk.index)
         try:
             if not io.HasField("chunk"):
                 raise invalid("read without a chunk id")
-            self._check(io.capability, io.chunk.inode, io.chunk.index, io.chunk.index, READ, "Read")
-            frame = ref_kind(io.dest) == "frame"
+            if self.caps is not None:
+                self.caps.check(io.capability, key.inode, key.index, key.index, READ, "Read")
+            dest = io.dest
+            length = io.length
+            frame = dest.WhichOneof("kind") == "frame"
             if frame and slots is None:
                 raise invalid(
                     "a frame destination needs a unary BatchRead over the native transport"
                 )
-            if frame and io.length > io.dest.frame.length:
+            if frame and length > dest.frame.length:
                 raise invalid(
-                    f"read of {io.length} bytes into a {io.dest.frame.length}-byte frame destination"
+                    f"read of {length} bytes into a {dest.frame.length}-byte frame destination"
                 )
             t = self.targets.resolve(io.chain_id, io.target_id)
             self.rep.check_version(t, io.chain_version)
             if not t.serving:
                 raise FsError(Code.TARGET_NOT_SERVING, f"target {t.target_id} is not serving reads")
-            key = ChunkKey(io.chunk.inode, io.chunk.index)
-            dest_view = getattr(self.rep.payload, "shm_dest_view", None)
-            if dest_view is not None and io.length and not frame:
-                view = dest_view(io.dest)
-                if view is not None and len(view) < io.length:
+            if dest_view is not None and length and not frame:
+                view = dest_view(dest)
+                if view is not None and len(view) < length:
                     view.release()
                     view = None
-            b = _Blocked(index, io, t, key, view, started)
-            if io.length > INLINE_READ_MAX or not self._try_cache():
-                view = None  # handed over to the pool
+            b = _Blocked(index, io, t, key, view)
+            view = None  # b owns it now: _read_finish releases it
+            if length > INLINE_READ_MAX or not self._try_cache():
                 return b
             try:
                 got: Any = _read_sync(b, nowait=True)
             except BlockingIOError:
-                self._cache_miss()
-                view = None
+                self._miss_streak += 1
                 return b
             except FsError as e:
-                view = None
                 if b.view is not None:
                     _release(b.view)
                 self.rep.note_disk_error(t.engine.read, e)
                 raise
-            self._cache_hit()
-            view = None  # _read_finish releases it
+            self._miss_streak = 0
             return b, got
         except FsError as e:
             if view is not None:
                 _release(view)
-            return self._read_failed(t, ChunkKey(io.chunk.inode, io.chunk.index), e)
+            return self._read_failed(t, key, e)
 
     def _try_cache(self) -> bool:
         """Whether the next small read should try the page cache first.
@@ -584,14 +593,12 @@ class StorageOperator:
         self._probe += 1
         return self._probe % _COLD_PROBE == 0
 
-    def _cache_hit(self) -> None:
-        self._miss_streak = 0
-
-    def _cache_miss(self) -> None:
-        self._miss_streak += 1
-
     async def _read_finish(
-        self, b: _Blocked, got: Any, slots: list[Any] | None
+        self,
+        b: _Blocked,
+        got: Any,
+        slots: list[Any] | None,
+        served: list[tuple[StorageTarget, int]],
     ) -> storage_pb2.ReadResult:
         """Answer a read the pool did (``got``: its engine result or exception)."""
         if isinstance(got, BaseException):
@@ -602,11 +609,12 @@ class StorageOperator:
                 return self._read_failed(b.t, b.key, got)
             raise got
         res = self._read_done(b, got, slots)
-        if b.view is None and not is_inline(b.io.dest) and ref_kind(b.io.dest) != "frame":
+        if b.view is None and b.io.dest.WhichOneof("kind") not in (None, "inline", "frame"):
             try:
                 await self.rep.payload.deliver_bytes(b.io.dest, got[1])
             except FsError as e:
                 return self._read_failed(b.t, b.key, e)
+        served.append((b.t, res.length))
         return res
 
     def _read_done(self, b: _Blocked, got: Any, slots: list[Any] | None) -> storage_pb2.ReadResult:
@@ -621,7 +629,9 @@ class StorageOperator:
                 meta, n = got
                 # The whole chunk: its CRC is already known; otherwise one pass over the range.
                 whole = io.offset == 0 and n == meta.length
-                checksum = meta.checksum if whole else crc32c(b.view[:n])
+                checksum = (
+                    meta.checksum if whole else crc32c(b.view if n == len(b.view) else b.view[:n])
+                )
             finally:
                 _release(b.view)
         else:
@@ -642,7 +652,6 @@ class StorageOperator:
                     slots[b.index] = data  # sent as the answer's payload, after the body
             elif is_inline(io.dest):
                 res.data = bytes(data)
-        self._count_read(b.t, n, b.started)
         return res
 
     def _read_failed(
@@ -654,10 +663,23 @@ class StorageOperator:
         return storage_pb2.ReadResult(error=error_detail(e))
 
     @staticmethod
-    def _count_read(t: StorageTarget, n: int, started: float) -> None:
-        ops, nbytes, latency = _read_metrics(t.target_id)
-        ops.inc()
-        nbytes.inc(n)
+    def _count_reads(served: list[tuple[StorageTarget, int]], started: float) -> None:
+        """Count a batch's served reads and bytes per target, and its latency once (one
+        observation per batch: the reads of a batch are served together)."""
+        if not served:
+            return
+        tally: dict[int, list[int]] = {}
+        for t, n in served:
+            c = tally.get(t.target_id)
+            if c is None:
+                tally[t.target_id] = [1, n]
+            else:
+                c[0] += 1
+                c[1] += n
+        for tid, (k, n) in tally.items():
+            ops, nbytes, latency = _read_metrics(tid)
+            ops.inc(k)
+            nbytes.inc(n)
         latency.observe(time.perf_counter() - started)
 
     # ------------------------------------------------------------------ corruption
