@@ -846,17 +846,16 @@ class StorageClient:
         token = b""
         try:
             token = await self._cap(inode, False)
-            fut, ref, complete = await self._submit_read(
-                inode,
-                p,
-                dest,
-                node,
-                target,
-                version,
-                min(self._policy.rpc_timeout_s, self._policy.deadline_s),
-                token,
-            )
-            await self._read_result(inode, p, dest, target, await fut, ref, complete, True)
+            timeout_s = min(self._policy.rpc_timeout_s, self._policy.deadline_s)
+            direct = self.transport.read_ref_ready(node.address, dest)
+            if direct is not None:  # a staging slot or Iov the node maps: no coroutine chain
+                fut = self._queue_read(inode, p, node, target, version, timeout_s, token, direct)
+                self._read_done(inode, p, dest, target, await fut, direct, True)
+            else:
+                fut, ref, complete = await self._submit_read(
+                    inode, p, dest, node, target, version, timeout_s, token
+                )
+                await self._read_result(inode, p, dest, target, await fut, ref, complete, True)
         except FsError as e:
             if e.code in _CAP_ERRORS and self.caps is not None:
                 self.caps.invalidate(inode, token)

@@ -176,6 +176,11 @@ def _read_group(group: list[_Blocked]) -> list[Any]:
     return out
 
 
+async def _one(job: Awaitable[list[Any]]) -> list[list[Any]]:
+    """``job``'s outcome as the one-group list :func:`asyncio.gather` would give."""
+    return [await job]
+
+
 def _release(view: memoryview) -> None:
     with contextlib.suppress(BufferError):  # a cancelled worker may still hold it; GC frees it
         view.release()
@@ -374,12 +379,15 @@ class StorageOperator:
             else:
                 results[i] = r
         served: list[tuple[StorageTarget, int]] = []
-        pool: asyncio.Future[list[list[Any]]] | None = None
+        pool: Awaitable[list[list[Any]]] | None = None
         groups: list[list[_Blocked]] = []
-        if blocked:  # the disk reads start before the page-cache hits are answered
+        if blocked:
             step = READ_GROUP
             groups = [blocked[k : k + step] for k in range(0, len(blocked), step)]
-            pool = asyncio.gather(*(self.rep.run_blocking(_read_group, g) for g in groups))
+            if len(groups) == 1 and not hits:  # one job (a lone read): no task around it
+                pool = _one(self.rep.run_blocking(_read_group, groups[0]))
+            else:  # the disk reads start before the page-cache hits are answered
+                pool = asyncio.gather(*(self.rep.run_blocking(_read_group, g) for g in groups))
         try:
             for b, got in hits:
                 results[b.index] = await self._read_finish(b, got, slots, served)
@@ -388,8 +396,10 @@ class StorageOperator:
                     for b, got in zip(group, outcomes, strict=True):
                         results[b.index] = await self._read_finish(b, got, slots, served)
         except BaseException:  # cancelled: a worker may still hold a view; GC frees it
-            if pool is not None:
+            if isinstance(pool, asyncio.Future):
                 pool.cancel()
+            elif pool is not None:
+                pool.close()  # type: ignore[attr-defined]  # a coroutine never awaited
             for b in blocked:
                 if b.view is not None:
                     _release(b.view)
