@@ -846,17 +846,16 @@ class StorageClient:
         token = b""
         try:
             token = await self._cap(inode, False)
-            fut, ref, complete = await self._submit_read(
-                inode,
-                p,
-                dest,
-                node,
-                target,
-                version,
-                min(self._policy.rpc_timeout_s, self._policy.deadline_s),
-                token,
-            )
-            await self._read_result(inode, p, dest, target, await fut, ref, complete, True)
+            timeout_s = min(self._policy.rpc_timeout_s, self._policy.deadline_s)
+            direct = self.transport.read_ref_ready(node.address, dest)
+            if direct is not None:  # a staging slot or Iov the node maps: no coroutine chain
+                fut = self._queue_read(inode, p, node, target, version, timeout_s, token, direct)
+                self._read_done(inode, p, dest, target, await fut, direct, True)
+            else:
+                fut, ref, complete = await self._submit_read(
+                    inode, p, dest, node, target, version, timeout_s, token
+                )
+                await self._read_result(inode, p, dest, target, await fut, ref, complete, True)
         except FsError as e:
             if e.code in _CAP_ERRORS and self.caps is not None:
                 self.caps.invalidate(inode, token)
@@ -944,16 +943,22 @@ class StorageClient:
     ) -> tuple[int, int, mgmtd_pb2.NodeInfo]:
         """Chain version, target and node of a read's first try (the least-loaded serving replica).
 
-        Shared by :meth:`_read_first` and :meth:`read_many`; a missing chain, target or node
+        :meth:`_read_first`'s (``read_many`` takes the same steps with per-batch lookups); a missing chain, target or node
         (stale routing) or a chain with nobody serving raises a retryable FsError.
         """
         with _stale_routing_is_retryable():
-            version = int(routing.chain(chain_id).version)
-            serving = routing.serving_targets(chain_id)
-            if not serving:
-                raise FsError(Code.TARGET_NOT_SERVING, "no serving target", retryable=True)
+            version, serving = self._serving(routing, chain_id)
             target = self._least_loaded(serving)
             return version, target, routing.node_of_target(target)
+
+    @staticmethod
+    def _serving(routing: Routing, chain_id: int) -> tuple[int, Sequence[int]]:
+        """(chain version, its serving targets); FsError if the chain is unknown or none serves."""
+        version = int(routing.chain(chain_id).version)
+        serving = routing.serving_targets(chain_id)
+        if not serving:
+            raise FsError(Code.TARGET_NOT_SERVING, "no serving target", retryable=True)
+        return version, serving
 
     def _least_loaded(self, candidates: Sequence[int]) -> int:
         """The candidate with the fewest reads in flight from this client (random among equals)."""
@@ -1030,8 +1035,8 @@ class StorageClient:
         complete: ReadCompletion = _noop_complete
         # the steady state of a USRBIO ring: its Iov already mapped by the node, no setup
         ready = self.transport.read_ref_ready(node.address, dest)
+        frame = False
         if ready is not None:
-            frame = False
             ref = ready
         else:
             frame = self._pool.carries_payload and not self.transport.one_sided(node.address, dest)
@@ -1039,6 +1044,27 @@ class StorageClient:
                 ref = frame_ref(len(dest))
             else:
                 ref, complete = await self.transport.read_ref(node.address, node.data_address, dest)
+        fut = self._queue_read(
+            inode, p, node, target, version, timeout_s, token, ref, dest if frame else None
+        )
+        return fut, None if frame else ref, complete
+
+    def _queue_read(
+        self,
+        inode: int,
+        p: ChunkPiece,
+        node: Any,
+        target: int,
+        version: int,
+        timeout_s: float,
+        token: bytes,
+        ref: DataRef,
+        frame_dest: memoryview | None = None,
+    ) -> asyncio.Future[storage_pb2.ReadResult]:
+        """Queue one chunk read whose destination ``ref`` is settled on its node's batcher.
+
+        ``frame_dest``: the buffer a frame-destined read's bytes are received into.
+        """
         io = storage_pb2.ReadIO(
             chain_id=p.chain_id,
             chain_version=version,
@@ -1050,8 +1076,7 @@ class StorageClient:
             capability=token,
         )
         # One BatchRead per node per loop turn carries every read issued meanwhile (see ReadBatcher).
-        fut = self._batcher(node.address).submit(io, timeout_s, dest if frame else None)
-        return fut, None if frame else ref, complete
+        return self._batcher(node.address).submit(io, timeout_s, frame_dest)
 
     async def _read_result(
         self,
@@ -1065,17 +1090,30 @@ class StorageClient:
         holes: bool,
     ) -> storage_pb2.ReadResult:
         """Check one answer and finish its bytes in ``dest`` (holes as zeros with ``holes``)."""
-        if r.error.code:
-            if r.error.code == Code.CHUNK_NOT_FOUND and holes:
+        if complete is not _noop_complete and not r.error.code and ref is not None:
+            if not is_inline(ref) and int(r.length) <= len(dest):
+                await complete(int(r.length))  # staged: copy into dest before the check
+        return self._read_done(inode, p, dest, target, r, ref, holes)
+
+    def _read_done(
+        self,
+        inode: int,
+        p: ChunkPiece,
+        dest: memoryview,
+        target: int,
+        r: storage_pb2.ReadResult,
+        ref: DataRef | None,
+        holes: bool,
+    ) -> storage_pb2.ReadResult:
+        """:meth:`_read_result` once the bytes are in ``dest`` (or inline in ``r``): no await,
+        so a batch of one-sided reads is finished without a coroutine per read."""
+        err = r.error
+        if err.code:
+            if err.code == Code.CHUNK_NOT_FOUND and holes:
                 dest[:] = bytes(len(dest))  # a hole
                 return r
-            raise FsError(
-                r.error.code,
-                r.error.message,
-                errno=r.error.errno or None,
-                retryable=r.error.retryable,
-            )
-        got = int(r.length)
+            raise FsError(err.code, err.message, errno=err.errno or None, retryable=err.retryable)
+        got = r.length
         if got > len(dest):
             raise FsError(
                 Code.INTERNAL, f"replica returned {got} bytes for a {len(dest)}-byte read"
@@ -1088,9 +1126,11 @@ class StorageClient:
                     retryable=True,
                 )
             dest[:got] = r.data
-        elif ref is not None and complete is not _noop_complete:  # staged: copy into dest
-            await complete(got)
-        if self.verify_read_checksums and got and crc32c.crc32c(dest[:got]) != r.checksum:
+        if (
+            self.verify_read_checksums
+            and got
+            and crc32c.crc32c(dest if got == len(dest) else dest[:got]) != r.checksum
+        ):
             self.stats["checksum_errors"] += 1
             raise FsError(
                 Code.CHECKSUM_MISMATCH,
@@ -1130,6 +1170,9 @@ class StorageClient:
         routing = self._routing()
         load = self._target_load
         timeout_s = min(self._policy.rpc_timeout_s, self._policy.deadline_s)
+        serving: dict[int, tuple[int, Sequence[int]]] = {}
+        nodes: dict[int, mgmtd_pb2.NodeInfo] = {}
+        tokens: dict[int, bytes] = {}
 
         def arrived(i: int, fut: asyncio.Future[Any]) -> None:
             ready.append((i, fut))
@@ -1156,17 +1199,38 @@ class StorageClient:
                 continue
             chain_id = chain_of(chains, index)
             p = ChunkPiece(index, chain_id, offset - index * chunk_size, n, 0, offset)
+            view = mv if n == len(mv) else mv[:n]
             try:
-                version, target, node = self._first_replica(routing, chain_id)
-                token = await self._cap(inode, False)
-                fut, ref, complete = await self._submit_read(
-                    inode, p, mv[:n], node, target, version, timeout_s, token
-                )
+                # once per chain, node and inode in a batch: the routing snapshot and the
+                # capability do not change within it; the replica is picked per read
+                chain = serving.get(chain_id)
+                if chain is None:
+                    chain = serving[chain_id] = self._serving(routing, chain_id)
+                version, candidates = chain
+                target = self._least_loaded(candidates)
+                node = nodes.get(target)
+                if node is None:
+                    node = nodes[target] = routing.node_of_target(target)
+                token = tokens.get(inode)
+                if token is None:
+                    token = tokens[inode] = await self._cap(inode, False)
+                # the steady state of a USRBIO ring (its Iov mapped by the node): no await
+                direct = self.transport.read_ref_ready(node.address, view)
+                complete: ReadCompletion = _noop_complete
+                if direct is not None:
+                    fut = self._queue_read(
+                        inode, p, node, target, version, timeout_s, token, direct
+                    )
+                    ref: DataRef | None = direct
+                else:
+                    fut, ref, complete = await self._submit_read(
+                        inode, p, view, node, target, version, timeout_s, token
+                    )
             except FsError:
                 full_path(i)
                 continue
             load[target] = load.get(target, 0) + 1
-            queued[i] = (p, mv[:n], target, ref, complete, fut)
+            queued[i] = (p, view, target, ref, complete, fut)
             fut.add_done_callback(functools.partial(arrived, i))
         if finished and on_done is not None:
             on_done(finished)
@@ -1193,9 +1257,12 @@ class StorageClient:
                     try:
                         if got.cancelled():
                             raise FsError(Code.CANCELLED, "read cancelled", retryable=True)
-                        await self._read_result(
-                            reads[i][0], p, view, target, got.result(), ref, complete, True
-                        )
+                        if complete is _noop_complete:
+                            self._read_done(reads[i][0], p, view, target, got.result(), ref, True)
+                        else:
+                            await self._read_result(
+                                reads[i][0], p, view, target, got.result(), ref, complete, True
+                            )
                     except FsError:  # the full path: another replica, retries, or this error
                         full_path(i)
                         continue

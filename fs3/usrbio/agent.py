@@ -437,13 +437,14 @@ class UsrbioAgent:
                 out.append((index, checked, userdata))
                 continue
             args, iov = checked
-            try:
-                await self._authorize(ctx, args.inode, False)
-            except anyio.get_cancelled_exc_class():
-                raise
-            except Exception as e:
-                out.append((index, self._fail(_errno_of(e)), userdata))
-                continue
+            if (args.inode, False) not in ctx.authorized:  # asked once per ring and inode
+                try:
+                    await self._authorize(ctx, args.inode, False)
+                except anyio.get_cancelled_exc_class():
+                    raise
+                except Exception as e:
+                    out.append((index, self._fail(_errno_of(e)), userdata))
+                    continue
             iov.users += 1
             view = iov.region.buf[args.buf_off : args.buf_off + args.io_len]
             todo.append((index, userdata, args, iov, view))

@@ -48,7 +48,7 @@ def test_read_request_limits(n: int, length: int, ok: bool) -> None:
 def test_oversized_batch_read_is_refused_before_reading() -> None:
     op = O.StorageOperator(1, None, None, None, lambda: None)  # type: ignore[arg-type]
     touched: list[Any] = []
-    op._read_one = lambda *a: touched.append(a)  # type: ignore[method-assign,assignment,return-value]
+    op._read_start = lambda *a: touched.append(a)  # type: ignore[method-assign,assignment,return-value]
     with pytest.raises(FsError):
         asyncio.run(op.batch_read(req(1024, 64 << 20)))
     assert touched == []
