@@ -520,3 +520,37 @@ def _write_at_version(db: SqliteDatabase, key: bytes, value: bytes, version: int
     tr = db.create_transaction()
     assert tr.get(key) == b"x" and tr.read_version == version + 1
     tr.cancel()
+
+
+@pytest.mark.timeout(30)
+def test_a_commit_polls_a_foreign_write_lock_and_takes_it_once_free(path: str) -> None:
+    """The batch writer does not sleep in SQLite's busy handler (1, 2, 5, 10 ... ms
+    between tries): it tries BEGIN IMMEDIATE again at sub-millisecond pauses, and
+    commits as soon as the other process lets the lock go."""
+    with SqliteDatabase(path) as db:
+        writer = db._writer_conn()
+        assert writer.execute("PRAGMA busy_timeout").fetchone()[0] == 0
+        tries: list[str] = []
+        writer.set_trace_callback(lambda sql: tries.append(sql) if "IMMEDIATE" in sql else None)
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        results: dict[str, str] = {}
+
+        def commit() -> None:
+            tr = db.create_transaction()
+            tr.set(b"k", b"v")  # a blind write: straight to a batch
+            tr.commit()
+            results["k"] = "ok"
+
+        t = threading.Thread(target=commit)
+        t.start()
+        deadline = time.monotonic() + 20
+        while len(tries) < 5 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert len(tries) >= 5 and not results  # tried again and again, still waiting
+        other.execute("ROLLBACK")
+        other.close()
+        t.join(10)
+        assert results == {"k": "ok"}
+        writer.set_trace_callback(None)
+        assert db.run(lambda tr: tr.get(b"k")) == b"v"
