@@ -45,13 +45,21 @@ class RoutingChainTables:
     def __init__(self, watcher: Any, table_id: int = 1) -> None:
         self.watcher = watcher
         self.table_id = table_id
+        # table id -> (the routing's ChainTable message, what latest_table made of it):
+        # every create asks, and a table of many chains is not copied each time
+        self._made: dict[int, tuple[Any, tuple[int, list[int]]]] = {}
 
     def latest_table(self, table_id: int) -> tuple[int, list[int]] | None:
         try:
             t = self.watcher.current.table(table_id)
         except FsError:
             return None
-        return int(t.version), [int(c) for c in t.chain_ids]
+        made = self._made.get(table_id)
+        if made is not None and made[0] is t:
+            return made[1]
+        out = int(t.version), [int(c) for c in t.chain_ids]
+        self._made[table_id] = (t, out)
+        return out
 
     def space(self) -> tuple[int, int, int] | None:
         """What a user can store: each disk once, divided by the default table's replication."""
