@@ -20,6 +20,7 @@ import contextlib
 import logging
 import socket
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fs3.config import MetaConfig
@@ -37,6 +38,19 @@ from fs3.service import service_main
 log = logging.getLogger("fs3.meta")
 
 IDEM_PRUNE_INTERVAL_S = 60.0
+
+#: Worker threads for the operations the servicer runs off the event loop
+#: (``asyncio.to_thread``: mutations, range reads). A mutation's thread waits in
+#: the KV's group commit until its batch is durable, so the threads bound how many
+#: transactions can share one commit (one WAL fsync): asyncio's default executor
+#: (cores + 4 threads, 6 on a 2-core host) would cap a batch there however many
+#: clients wait. Threads start only when needed.
+OP_THREADS = 64
+
+
+def use_op_threads(loop: asyncio.AbstractEventLoop) -> None:
+    """Give ``loop`` an executor of :data:`OP_THREADS` (shut down with the loop by asyncio.run)."""
+    loop.set_default_executor(ThreadPoolExecutor(OP_THREADS, thread_name_prefix="meta-op"))
 
 
 class RoutingChainTables:
@@ -103,6 +117,7 @@ async def _prune_requests(op: MetaOperator, ttl_s: float, stop: asyncio.Event) -
 
 
 async def serve(cfg: MetaConfig, stop: asyncio.Event) -> int:
+    use_op_threads(asyncio.get_running_loop())
     db = open_database(cfg.kv.url)
     mgmtd: Any = None
     watcher: Any = None
