@@ -10,19 +10,27 @@ whole contract of ``fs3.kv.database`` (snapshot reads that do not conflict,
 explicit read-conflict ranges), not just "one writer at a time":
 
 * A transaction reads through a deferred SQLite read transaction: the first read
-  pins a WAL snapshot, whose *commit version* (a counter in ``kv_meta``) is read
+  pins a WAL snapshot, whose *commit version* (the newest row of ``kv_commits``) is read
   with the first read that joins the conflict set, or at commit if it writes (a
   transaction of snapshot reads only never needs it). Writes are buffered in the
   transaction object and merged into its reads (read-your-writes).
-* Every commit bumps the version and records its write ranges in ``kv_log``.
+* Every commit appends one row to ``kv_commits``: its version (the table's
+  integer key, so the newest version is one B-tree seek and the row goes to the
+  rightmost leaf) and its write ranges packed into one blob. A commit thus adds
+  one row and no index entry, and rewrites no counter: a commit of a few keys
+  writes the kv pages it changes plus one page of the log, which is what the
+  WAL fsync of every commit pays for (``kv_meta`` keeps only the trim horizon,
+  and the version of a database whose log is still empty).
 * At commit the buffered writes are applied under SQLite's write lock. Fast
   path: the read transaction upgrades in place, which WAL mode allows only if
   nobody committed since our snapshot - then no conflict is possible. Otherwise
   (``SQLITE_BUSY_SNAPSHOT`` or the lock is held) we start a fresh ``BEGIN
-  IMMEDIATE`` (waiting up to ``busy_timeout``) and compare our read-conflict
+  IMMEDIATE`` (waiting up to ``busy_timeout``, polling the lock at sub-millisecond
+  intervals: :meth:`SqliteDatabase._begin_write`) and compare our read-conflict
   ranges with the write ranges of every commit after our read version; an
   overlap is ``KV_CONFLICT`` (retryable), exactly like FDB's resolver.
-* ``kv_log`` rows older than ``max_txn_age_s`` are trimmed; a transaction whose
+* ``kv_commits`` rows older than ``max_txn_age_s`` are trimmed (the newest row
+  always stays: it holds the version); a transaction whose
   read version predates the trimmed horizon fails with a retryable conflict
   ("transaction too old"), like FDB's 5-second MVCC window.
 
@@ -42,7 +50,7 @@ not retried one by one: its members are already isolated by their savepoints,
 and another wait for the lock per member would only multiply the delay.
 
 Conflict checks read an in-memory tail of the commit log (:class:`_ConflictIndex`):
-the write ranges of recent commits by version, extended from ``kv_log`` whenever
+the write ranges of recent commits by version, extended from ``kv_commits`` whenever
 another process committed in between. A check touches only the commits after the
 transaction's read version and tests point reads by set membership, so it costs
 nothing that grows with the database or the number of keys read earlier.
@@ -58,10 +66,11 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl
 
@@ -75,9 +84,11 @@ Range = tuple[bytes, bytes]
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID",
-    "CREATE TABLE IF NOT EXISTS kv_log "
-    "(version INTEGER NOT NULL, b BLOB NOT NULL, e BLOB NOT NULL, ts REAL NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS kv_log_version ON kv_log(version)",
+    "CREATE TABLE IF NOT EXISTS kv_commits "
+    "(version INTEGER PRIMARY KEY, ranges BLOB NOT NULL, ts REAL NOT NULL)",
+    # the commit log of earlier releases (a row per key and an index): its versions
+    # continue from kv_meta's; the ranges only mattered to transactions then in flight
+    "DROP TABLE IF EXISTS kv_log",
     "CREATE TABLE IF NOT EXISTS kv_meta (id INTEGER PRIMARY KEY CHECK (id = 0), "
     "version INTEGER NOT NULL, trimmed INTEGER NOT NULL)",
     "INSERT OR IGNORE INTO kv_meta (id, version, trimmed) VALUES (0, 0, 0)",
@@ -86,11 +97,37 @@ _SCHEMA = (
 _SQLITE_BUSY = 5
 _SQLITE_LOCKED = 6
 _SQLITE_BUSY_SNAPSHOT = 517
-_TRIM_EVERY = 256  # commits between kv_log trims
+_TRIM_EVERY = 256  # commits between kv_commits trims
 _POOL_MAX = 16  # idle connections kept
 _FETCH = 256  # rows per fetch in range reads
 _BATCH_MAX = 256  # transactions per group commit
 _INDEX_MAX = 8192  # commits kept in the in-memory conflict index
+_BUSY_PAUSE_MIN_S = 50e-6  # first pause between tries for another process's write lock
+_BUSY_PAUSE_MAX_S = 1e-3  # the longest (see SqliteDatabase._begin_write)
+# The commit version: the newest kv_commits row (a seek to the rowid B-tree's last
+# entry), or kv_meta's while the log is empty (a new database or one that predates
+# kv_commits); kv_meta also holds the trim horizon.
+_VERSION_SQL = (
+    "SELECT coalesce((SELECT version FROM kv_commits ORDER BY version DESC LIMIT 1), version), "
+    "trimmed FROM kv_meta WHERE id = 0"
+)
+_LEN = struct.Struct(">I")
+
+
+def _pack_ranges(points: Iterable[bytes], ranges: list[Range]) -> bytes:
+    """One commit's write ranges as one blob: ``0 len key`` per point, ``1 len b len e`` per range."""
+    out = bytearray()
+    for k in points:
+        out += b"\x00"
+        out += _LEN.pack(len(k))
+        out += k
+    for b, e in ranges:
+        out += b"\x01"
+        out += _LEN.pack(len(b))
+        out += b
+        out += _LEN.pack(len(e))
+        out += e
+    return bytes(out)
 
 
 def _overlaps(a: Range, b: Range) -> bool:
@@ -132,6 +169,27 @@ class _Commit:
         else:
             self.ranges.append((b, e))
 
+    @classmethod
+    def unpack(cls, version: int, blob: bytes) -> _Commit:
+        """The commit whose ranges :func:`_pack_ranges` packed into ``blob``."""
+        c = cls(version)
+        view = memoryview(blob)
+        i, n = 0, len(view)
+        while i < n:
+            kind = view[i]
+            (ln,) = _LEN.unpack_from(view, i + 1)
+            i += 5
+            b = bytes(view[i : i + ln])
+            i += ln
+            if kind == 0:
+                c.points.add(b)
+                continue
+            (ln,) = _LEN.unpack_from(view, i)
+            i += 4
+            c.ranges.append((b, bytes(view[i : i + ln])))
+            i += ln
+        return c
+
     def hits(self, reads: list[Range]) -> bool:
         for rb, re_ in reads:
             if re_ == key_after(rb):
@@ -146,12 +204,12 @@ class _Commit:
 
 
 class _ConflictIndex:
-    """The tail of ``kv_log`` in memory: commits with ``floor < version <= known``.
+    """The tail of ``kv_commits`` in memory: commits with ``floor < version <= known``.
 
     Only the thread committing (one at a time) touches it. ``known`` is the
     newest version this process has seen the write ranges of; when the database's
     version is ahead (another process committed), :meth:`catch_up` loads the
-    missing rows from ``kv_log`` - or, if they were trimmed, starts afresh.
+    missing rows from ``kv_commits`` - or, if they were trimmed, starts afresh.
     """
 
     def __init__(self) -> None:
@@ -170,16 +228,11 @@ class _ConflictIndex:
             return
         if self.known == version:
             return
-        by_version: dict[int, _Commit] = {}
-        for v, b, e in conn.execute(
-            "SELECT version, b, e FROM kv_log WHERE version > ? ORDER BY version",
+        for v, blob in conn.execute(
+            "SELECT version, ranges FROM kv_commits WHERE version > ? ORDER BY version",
             (self.known,),
         ):
-            c = by_version.get(v)
-            if c is None:
-                c = by_version[v] = _Commit(int(v))
-                self.commits.append(c)
-            c.add(bytes(b), bytes(e))
+            self.commits.append(_Commit.unpack(int(v), bytes(blob)))
         self.known = version
         self._bound()
 
@@ -421,14 +474,14 @@ class SqliteDatabase(Database):
         """
         assert tr.read_version is not None
         try:
+            version = tr.read_version + 1
             try:
-                conn.execute("UPDATE kv_meta SET version = version + 1 WHERE id = 0")
+                c = tr._log(conn, version)  # the first write: the upgrade, or BUSY_SNAPSHOT
             except sqlite3.OperationalError as e:
                 if not _is_busy(e):
                     raise
                 return False
-            version = tr.read_version + 1
-            c = tr._apply(conn, version)
+            tr._apply(conn, version)
             conn.execute("COMMIT")
         except sqlite3.Error as e:
             self._index.reset()
@@ -438,10 +491,47 @@ class SqliteDatabase(Database):
         if self._index.known == tr.read_version:
             self._index.append(c)
         else:
-            self._index.reset()  # it missed commits before ours: reload from kv_log
+            self._index.reset()  # it missed commits before ours: reload from kv_commits
         self.commits += 1
         self.batches += 1
         return True
+
+    def _writer_conn(self) -> sqlite3.Connection:
+        """The batch leaders' connection (one at a time uses it), opened on first use."""
+        if self._writer is None:
+            conn = self._connect()
+            try:
+                # its waits for the write lock are _begin_write's, not SQLite's busy handler
+                conn.execute("PRAGMA busy_timeout=0")
+            except sqlite3.Error as e:
+                conn.close()
+                raise _to_fserror(e, "configure connection") from e
+            self._writer = conn
+        return self._writer
+
+    def _begin_write(self, conn: sqlite3.Connection) -> None:
+        """``BEGIN IMMEDIATE`` on the writer, waiting up to ``busy_timeout_ms`` for the lock.
+
+        Another process (the other meta servers and mgmtd on this file) holds
+        SQLite's write lock for one commit, a WAL fsync: a millisecond or a few.
+        SQLite's own busy handler sleeps 1, 2, 5, 10, 15 ... ms between tries,
+        so a writer that finds the lock taken sleeps past its release and the
+        file then sits idle while both servers have commits queued. Here the
+        tries are 50 us apart at first, doubling to at most 1 ms: the lock is
+        taken within a fraction of a commit after it is free, at a few
+        microseconds of CPU per try.
+        """
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000.0
+        pause = _BUSY_PAUSE_MIN_S
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as e:
+                if not _is_busy(e) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, _BUSY_PAUSE_MAX_S)
 
     def _commit_batch(self, batch: list[SqliteTransaction]) -> list[FsError | None]:
         """One SQLite write transaction for ``batch`` (the group commit's ``write_batch``).
@@ -456,15 +546,11 @@ class SqliteDatabase(Database):
         if self._pid != os.getpid():
             self._writer = None  # forked: the parent's connection is not ours
             self._index.reset()
-        if self._writer is None:
-            self._writer = self._connect()
-        conn = self._writer
+        conn = self._writer_conn()
         errors: list[FsError | None] = [None] * len(batch)
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            version, trimmed = conn.execute(
-                "SELECT version, trimmed FROM kv_meta WHERE id = 0"
-            ).fetchone()
+            self._begin_write(conn)
+            version, trimmed = conn.execute(_VERSION_SQL).fetchone()
             version, trimmed = int(version), int(trimmed)
             self._index.catch_up(conn, version, trimmed)
             added: list[_Commit] = []
@@ -476,11 +562,13 @@ class SqliteDatabase(Database):
                     errors[i] = e
                     continue
                 if alone:
-                    c = tr._apply(conn, version + 1)
+                    c = tr._log(conn, version + 1)
+                    tr._apply(conn, version + 1)
                 else:
                     conn.execute("SAVEPOINT txn")
                     try:
-                        c = tr._apply(conn, version + 1)
+                        c = tr._log(conn, version + 1)
+                        tr._apply(conn, version + 1)
                         conn.execute("RELEASE txn")
                     except sqlite3.Error as e:
                         conn.execute("ROLLBACK TO txn")
@@ -490,7 +578,6 @@ class SqliteDatabase(Database):
                 version += 1
                 added.append(c)
             if added:
-                conn.execute("UPDATE kv_meta SET version = ? WHERE id = 0", (version,))
                 conn.execute("COMMIT")
                 for c in added:
                     self._index.append(c)
@@ -567,7 +654,7 @@ class SqliteTransaction(BufferedWritesTransaction):
     def _pin_version(self, conn: sqlite3.Connection) -> None:
         """Read the commit version of our snapshot (pinning the snapshot if no read did yet)."""
         try:
-            row = conn.execute("SELECT version FROM kv_meta WHERE id = 0").fetchone()
+            row = conn.execute(_VERSION_SQL).fetchone()
         except sqlite3.Error as e:
             raise _to_fserror(e, "begin read") from e
         self.read_version = int(row[0])
@@ -700,37 +787,45 @@ class SqliteTransaction(BufferedWritesTransaction):
             if index.covers(rv):
                 conflict = index.conflicts(rv, reads)
             else:  # older than the in-memory tail: ask the commit log itself
-                rows = conn.execute("SELECT b, e FROM kv_log WHERE version > ?", (rv,)).fetchall()
-                conflict = any(_overlaps((bytes(b), bytes(e)), r) for b, e in rows for r in reads)
+                rows = conn.execute(
+                    "SELECT version, ranges FROM kv_commits WHERE version > ?", (rv,)
+                ).fetchall()
+                conflict = any(_Commit.unpack(int(v), bytes(r)).hits(reads) for v, r in rows)
         if conflict:
             raise FsError(Code.KV_CONFLICT, "transaction conflict", retryable=True)
 
-    def _apply(self, conn: sqlite3.Connection, version: int) -> _Commit:
-        """Under the write lock: apply, log and trim as ``version``; returns its write ranges."""
-        now = time.time()
-        c = _Commit(version)
-        log: list[tuple[int, bytes, bytes, float]] = []
+    def _log(self, conn: sqlite3.Connection, version: int) -> _Commit:
+        """Under the write lock: record ``version``'s write ranges (one ``kv_commits`` row).
+
+        The first write of a commit (:meth:`SqliteDatabase._commit_alone` relies on
+        it: this is the statement that upgrades the read transaction). Returns them.
+        """
+        c = _Commit(version, set(self.writes), list(self.cleared))
+        conn.execute(
+            "INSERT INTO kv_commits (version, ranges, ts) VALUES (?, ?, ?)",
+            (version, _pack_ranges(c.points, c.ranges), time.time()),
+        )
+        return c
+
+    def _apply(self, conn: sqlite3.Connection, version: int) -> None:
+        """Under the write lock, after :meth:`_log`: apply the writes; trim the log now and then."""
         for b, e in self.cleared:
             conn.execute("DELETE FROM kv WHERE k >= ? AND k < ?", (b, e))
-            log.append((version, b, e, now))
-            c.ranges.append((b, e))
         sets = [(k, v) for k, v in self.writes.items() if v is not None]
         dels = [(k,) for k, v in self.writes.items() if v is None]
         if dels:
             conn.executemany("DELETE FROM kv WHERE k = ?", dels)
         if sets:
             conn.executemany("INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)", sets)
-        log.extend((version, k, key_after(k), now) for k in self.writes)
-        c.points.update(self.writes)
-        conn.executemany("INSERT INTO kv_log (version, b, e, ts) VALUES (?, ?, ?, ?)", log)
         if version % _TRIM_EVERY == 0:
+            # the newest row stays (it holds the version), so trim below ``version``
             row = conn.execute(
-                "SELECT max(version) FROM kv_log WHERE ts < ?", (now - self.db.max_txn_age_s,)
+                "SELECT max(version) FROM kv_commits WHERE ts < ? AND version < ?",
+                (time.time() - self.db.max_txn_age_s, version),
             ).fetchone()
             if row[0] is not None:
-                conn.execute("DELETE FROM kv_log WHERE version <= ?", (row[0],))
+                conn.execute("DELETE FROM kv_commits WHERE version <= ?", (row[0],))
                 conn.execute("UPDATE kv_meta SET trimmed = ? WHERE id = 0", (row[0],))
-        return c
 
     def commit(self) -> None:
         """Validate and apply in the next group commit; returns once durable."""

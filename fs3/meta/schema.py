@@ -32,7 +32,6 @@ attribute set (permission check + reply) and reads it in one get.
 
 from __future__ import annotations
 
-import functools
 import stat
 import struct
 
@@ -57,9 +56,21 @@ _U64 = struct.Struct(">Q")
 # tests/unit/meta checks these are byte-identical to K.pack.
 
 
-@functools.lru_cache(maxsize=65536)
 def _int(v: int) -> bytes:
+    """The tuple layer's integer: 0x14 + byte count, then the big-endian bytes (0: 0x14).
+
+    Spelled out for 0 <= v < 2**64 - 1 (inode numbers, file types): every create
+    packs a new inode number, where a cache of ``K.pack`` results misses.
+    """
+    if 0 <= v < _INT_FAST_END:
+        n = (v.bit_length() + 7) >> 3
+        return _INT_CODES[n] + v.to_bytes(n, "big")
     return K.pack(v)
+
+
+_INT_CODES = [bytes((0x14 + n,)) for n in range(9)]
+# from 2**64 - 1 on the tuple layer writes a length byte instead (code 0x1d)
+_INT_FAST_END = (1 << 64) - 1
 
 
 def _bytes(b: bytes) -> bytes:

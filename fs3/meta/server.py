@@ -20,6 +20,7 @@ import contextlib
 import logging
 import socket
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fs3.config import MetaConfig
@@ -38,6 +39,19 @@ log = logging.getLogger("fs3.meta")
 
 IDEM_PRUNE_INTERVAL_S = 60.0
 
+#: Worker threads for the operations the servicer runs off the event loop
+#: (``asyncio.to_thread``: mutations, range reads). A mutation's thread waits in
+#: the KV's group commit until its batch is durable, so the threads bound how many
+#: transactions can share one commit (one WAL fsync): asyncio's default executor
+#: (cores + 4 threads, 6 on a 2-core host) would cap a batch there however many
+#: clients wait. Threads start only when needed.
+OP_THREADS = 64
+
+
+def use_op_threads(loop: asyncio.AbstractEventLoop) -> None:
+    """Give ``loop`` an executor of :data:`OP_THREADS` (shut down with the loop by asyncio.run)."""
+    loop.set_default_executor(ThreadPoolExecutor(OP_THREADS, thread_name_prefix="meta-op"))
+
 
 class RoutingChainTables:
     """A :class:`ChainTableSource` over a routing watcher's current routing info."""
@@ -45,13 +59,21 @@ class RoutingChainTables:
     def __init__(self, watcher: Any, table_id: int = 1) -> None:
         self.watcher = watcher
         self.table_id = table_id
+        # table id -> (the routing's ChainTable message, what latest_table made of it):
+        # every create asks, and a table of many chains is not copied each time
+        self._made: dict[int, tuple[Any, tuple[int, list[int]]]] = {}
 
     def latest_table(self, table_id: int) -> tuple[int, list[int]] | None:
         try:
             t = self.watcher.current.table(table_id)
         except FsError:
             return None
-        return int(t.version), [int(c) for c in t.chain_ids]
+        made = self._made.get(table_id)
+        if made is not None and made[0] is t:
+            return made[1]
+        out = int(t.version), [int(c) for c in t.chain_ids]
+        self._made[table_id] = (t, out)
+        return out
 
     def space(self) -> tuple[int, int, int] | None:
         """What a user can store: each disk once, divided by the default table's replication."""
@@ -95,6 +117,7 @@ async def _prune_requests(op: MetaOperator, ttl_s: float, stop: asyncio.Event) -
 
 
 async def serve(cfg: MetaConfig, stop: asyncio.Event) -> int:
+    use_op_threads(asyncio.get_running_loop())
     db = open_database(cfg.kv.url)
     mgmtd: Any = None
     watcher: Any = None

@@ -207,3 +207,21 @@ def test_deadline_runs_from_the_start_of_the_call() -> None:
         await pool.close()
 
     asyncio.run(main())
+
+
+def test_request_ids_are_unique_and_time_ordered() -> None:
+    """32 hex digits, distinct, and increasing with time (meta's idempotency records
+    of consecutive mutations share B-tree pages)."""
+    import time
+
+    from fs3.client.meta_client import new_request_id
+
+    ids = []
+    for _ in range(200):
+        ids.append(new_request_id())
+        t = time.time_ns()
+        while time.time_ns() == t:  # the next id is at a later nanosecond
+            pass
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    assert len(set(ids)) == len(ids)
+    assert ids == sorted(ids)

@@ -179,7 +179,7 @@ def test_transaction_older_than_the_commit_log_horizon_conflicts(path: str) -> N
         # the log really is bounded
         conn = sqlite3.connect(path)
         try:
-            assert conn.execute("SELECT count(*) FROM kv_log").fetchone()[0] < 300
+            assert conn.execute("SELECT count(*) FROM kv_commits").fetchone()[0] < 300
         finally:
             conn.close()
         # a fresh transaction is fine
@@ -299,10 +299,10 @@ def test_queued_transactions_share_one_durable_commit(path: str) -> None:
         assert (db.commits, db.batches) == (6, 1)
         for i in range(6):
             assert db.run(lambda tr, i=i: tr.get(b"k%d" % i)) == b"v%d" % i
-        # each got its own version: the commit log has six of them
+        # each got its own version: the commit log has a row for each of the six
         conn = sqlite3.connect(path)
         try:
-            assert conn.execute("SELECT count(DISTINCT version) FROM kv_log").fetchone()[0] == 6
+            assert conn.execute("SELECT count(DISTINCT version) FROM kv_commits").fetchone()[0] == 6
         finally:
             conn.close()
 
@@ -426,3 +426,131 @@ def _read_acks(
         elif line:
             acked.append(line)
     return acked, stats
+
+
+def test_commit_ranges_pack_and_unpack() -> None:
+    from fs3.kv.sqlite import _Commit, _pack_ranges
+
+    points = {b"a", b"", b"\x00\xff" * 300}
+    ranges = [(b"b", b"c"), (b"", b"\xff")]
+    c = _Commit.unpack(7, _pack_ranges(points, ranges))
+    assert (c.version, c.points, c.ranges) == (7, points, ranges)
+    assert _Commit.unpack(1, b"").points == set()
+
+
+@pytest.mark.timeout(10)
+def test_a_commit_writes_one_log_row_and_no_counter(path: str) -> None:
+    """One kv_commits row per commit (its version as the table's key, its ranges in
+    one blob); kv_meta is not rewritten: the version is the log's newest row."""
+    from fs3.kv.sqlite import _Commit
+
+    with SqliteDatabase(path) as db:
+        db.run(lambda tr: (tr.set(b"x", b"1"), tr.set(b"y", b"2"), tr.clear_range(b"p", b"q")))
+        db.run(lambda tr: tr.set(b"x", b"3"))
+        conn = sqlite3.connect(path)
+        try:
+            rows = conn.execute(
+                "SELECT version, ranges FROM kv_commits ORDER BY version"
+            ).fetchall()
+            assert [v for v, _ in rows] == [1, 2]
+            c = _Commit.unpack(1, bytes(rows[0][1]))
+            assert c.points == {b"x", b"y"} and c.ranges == [(b"p", b"q")]
+            assert conn.execute("SELECT version FROM kv_meta").fetchone()[0] == 0
+            names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            assert "kv_log" not in names and not any("kv_log" in n for n in names)
+        finally:
+            conn.close()
+        tr = db.create_transaction()
+        tr.get(b"x")
+        assert tr.read_version == 2
+        tr.cancel()
+
+
+@pytest.mark.timeout(10)
+def test_versions_continue_from_a_database_with_the_old_log(path: str) -> None:
+    """A file written by the per-key kv_log of earlier releases: its version (kv_meta)
+    carries on, and the old log table goes."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("CREATE TABLE kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID")
+    conn.execute("CREATE TABLE kv_log (version INTEGER, b BLOB, e BLOB, ts REAL)")
+    conn.execute("CREATE INDEX kv_log_version ON kv_log(version)")
+    conn.execute(
+        "CREATE TABLE kv_meta (id INTEGER PRIMARY KEY CHECK (id = 0), "
+        "version INTEGER NOT NULL, trimmed INTEGER NOT NULL)"
+    )
+    conn.execute("INSERT INTO kv_meta VALUES (0, 41, 30)")
+    conn.execute("INSERT INTO kv VALUES (x'6b', x'76')")
+    conn.close()
+    with SqliteDatabase(path) as db:
+        _write_at_version(db, b"k", b"v", 41)
+    conn = sqlite3.connect(path)
+    try:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        assert "kv_log" not in names
+    finally:
+        conn.close()
+
+
+@pytest.mark.timeout(30)
+def test_trimming_keeps_the_newest_commit_and_so_the_version(path: str) -> None:
+    """Every row old enough goes except the newest: it carries the version, which
+    another process (a fresh database object) must read as the latest."""
+    with SqliteDatabase(path, max_txn_age_s=0.001) as db:
+        for i in range(256):
+            db.run(lambda tr, i=i: tr.set(b"n", b"%d" % i))
+            if i == 254:
+                time.sleep(0.01)  # all but the last are older than the horizon at 256
+        conn = sqlite3.connect(path)
+        try:
+            assert conn.execute("SELECT version FROM kv_commits").fetchall() == [(256,)]
+            assert conn.execute("SELECT trimmed FROM kv_meta").fetchone()[0] == 255
+        finally:
+            conn.close()
+    with SqliteDatabase(path) as other:
+        _write_at_version(other, b"n", b"255", 256)
+
+
+def _write_at_version(db: SqliteDatabase, key: bytes, value: bytes, version: int) -> None:
+    """``key`` reads ``value`` at commit ``version``; a write of it commits as the next one."""
+    tr = db.create_transaction()
+    assert tr.get(key) == value and tr.read_version == version
+    tr.set(key, b"x")
+    tr.commit()
+    tr = db.create_transaction()
+    assert tr.get(key) == b"x" and tr.read_version == version + 1
+    tr.cancel()
+
+
+@pytest.mark.timeout(30)
+def test_a_commit_polls_a_foreign_write_lock_and_takes_it_once_free(path: str) -> None:
+    """The batch writer does not sleep in SQLite's busy handler (1, 2, 5, 10 ... ms
+    between tries): it tries BEGIN IMMEDIATE again at sub-millisecond pauses, and
+    commits as soon as the other process lets the lock go."""
+    with SqliteDatabase(path) as db:
+        writer = db._writer_conn()
+        assert writer.execute("PRAGMA busy_timeout").fetchone()[0] == 0
+        tries: list[str] = []
+        writer.set_trace_callback(lambda sql: tries.append(sql) if "IMMEDIATE" in sql else None)
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        results: dict[str, str] = {}
+
+        def commit() -> None:
+            tr = db.create_transaction()
+            tr.set(b"k", b"v")  # a blind write: straight to a batch
+            tr.commit()
+            results["k"] = "ok"
+
+        t = threading.Thread(target=commit)
+        t.start()
+        deadline = time.monotonic() + 20
+        while len(tries) < 5 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert len(tries) >= 5 and not results  # tried again and again, still waiting
+        other.execute("ROLLBACK")
+        other.close()
+        t.join(10)
+        assert results == {"k": "ok"}
+        writer.set_trace_callback(None)
+        assert db.run(lambda tr: tr.get(b"k")) == b"v"

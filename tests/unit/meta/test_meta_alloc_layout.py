@@ -113,7 +113,9 @@ def test_fast_keys_match_tuple_layer() -> None:
 
     rng = random.Random(5)
     for _ in range(500):
-        ino = rng.choice([0, 1, 255, 256, 1 << 20, (1 << 64) - 1, rng.randrange(1 << 40)])
+        ino = rng.choice(
+            [0, 1, 255, 256, 1 << 20, (1 << 64) - 1, 1 << 64, -1, -256, rng.randrange(1 << 40)]
+        )
         name = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 20))) + rng.choice(
             [b"", b"\x00", b"\xff"]
         )
@@ -125,3 +127,6 @@ def test_fast_keys_match_tuple_layer() -> None:
         text = name.decode("latin-1") + "é"
         assert S.session_key(ino, text) == K.pack("se", ino, text)
         assert S.idem_key(text) == K.pack("rq", text)
+    for n in range(10):  # every byte-count boundary of the integer encoding
+        for v in ((1 << 8 * n) - 2, (1 << 8 * n) - 1, 1 << 8 * n):
+            assert S.inode_key(v) == K.pack("in", v)

@@ -51,6 +51,19 @@ def test_latest_table_and_space() -> None:
     )
 
 
+def test_latest_table_is_made_once_per_routing_table() -> None:
+    """Every create asks for the table: the same routing gives the same answer object
+    (no copy of its chain list per create); a new routing's table is read afresh."""
+    watcher = SimpleNamespace(current=routing())
+    src = RoutingChainTables(watcher)
+    first = src.latest_table(1)
+    assert first == (2, [1, 2]) and src.latest_table(1) is first
+    info = routing().info
+    info.chain_tables.add(table_id=1, version=3, chain_ids=[2, 1])
+    watcher.current = Routing(info)
+    assert src.latest_table(1) == (3, [2, 1])
+
+
 def test_empty_routing() -> None:
     src = RoutingChainTables(SimpleNamespace(current=Routing.empty()))
     assert src.latest_table(1) is None and src.space() is None

@@ -143,3 +143,67 @@ def test_request_metrics_count_outcomes_and_latency() -> None:
     svcs.clear()
     gc.collect()  # a servicer that is gone leaves the sums (its calls happened)
     assert sample("fs3_meta_requests_total", method="getattr", outcome="ok") == ok0 + 3
+
+
+def test_concurrent_mutations_share_one_group_commit_beyond_the_default_executor(
+    tmp_path,
+) -> None:
+    """Twenty creates at once all wait in the SQLite engine's group commit and go in
+    one or two batches: the meta server's worker threads (``use_op_threads``) do not cap
+    a batch at the size of asyncio's default executor (cores + 4)."""
+    import os
+    import uuid
+
+    from fs3.meta.layout import StaticChainTables
+    from fs3.meta.server import use_op_threads
+
+    db = open_database(f"sqlite://{tmp_path}/kv.db")
+    op = MetaOperator(db, chains=StaticChainTables({1: [1, 2, 3]}))
+    op.alloc.give_back(op.alloc.allocate())  # inode numbers at hand: no commit of their own
+    svc = MetaServicer(op)
+    n = 20
+
+    async def main() -> list[meta_pb2.OpenResponse]:
+        use_op_threads(asyncio.get_running_loop())  # what the meta server's serve() does
+        assert db._group.try_exclusive()  # type: ignore[attr-defined]  # the engine "busy"
+        calls = [
+            asyncio.ensure_future(
+                svc.Create(
+                    meta_pb2.CreateRequest(
+                        user=ROOT,
+                        request_id=uuid.uuid4().hex,
+                        parent=1,
+                        name=b"f%d" % i,
+                        mode=0o644,
+                        flags=os.O_CREAT | os.O_EXCL | os.O_WRONLY,
+                        client_id="c",
+                    ),
+                    None,
+                )
+            )
+            for i in range(n)
+        ]
+        try:
+            queued = await asyncio.to_thread(_await_queued, db, n)
+        finally:
+            db._group.end_exclusive()  # type: ignore[attr-defined]
+        assert queued == n
+        return await asyncio.gather(*calls)
+
+    before = (db.commits, db.batches)  # type: ignore[attr-defined]
+    rs = asyncio.run(main())
+    assert all(r.created for r in rs)
+    commits = db.commits - before[0]  # type: ignore[attr-defined]
+    batches = db.batches - before[1]  # type: ignore[attr-defined]
+    assert commits == n and batches <= 2
+    db.close()
+
+
+def _await_queued(db: object, n: int) -> int:
+    """Wait (up to 20 s) until ``n`` transactions queue in ``db``'s group commit."""
+    import time
+
+    deadline = time.monotonic() + 20
+    while db._group.queued < n and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        time.sleep(0.005)
+    return db._group.queued  # type: ignore[attr-defined,no-any-return]
