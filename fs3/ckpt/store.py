@@ -419,11 +419,7 @@ class LoadPool(BufferPool):
             # touched): a storage server maps a region's allocated pages in one
             # go when it is registered there (ShmRegion.populate_allocated), at
             # the Iov's first I/O, instead of faulting them in one by one.
-            fd = os.open(iov.path, os.O_RDWR)
-            try:
-                os.posix_fallocate(fd, 0, size)
-            finally:
-                os.close(fd)
+            os.posix_fallocate(iov.fileno(), 0, size)
         except OSError:
             pass  # no room in /dev/shm for all of it now: pages are allocated as written
         return iov
