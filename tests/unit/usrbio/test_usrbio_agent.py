@@ -542,6 +542,43 @@ def test_iov_file_gone_once_mapped_so_no_exit_leaks_it() -> None:
                     os.unlink(leftover)
 
 
+_APP_SELF_KILL = """
+import os, signal, sys
+from fs3.usrbio import Iov
+iov = Iov(sys.argv[1], 64 << 20)
+print("ready", flush=True)
+sys.stdin.readline()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.timeout(30)
+def test_killed_child_not_yet_reaped_leaves_no_iov_file(env: AgentEnv) -> None:
+    """A rank that kills itself stays a zombie until its parent waits for it (a
+    launcher busy waiting for another rank): when the agent sees the connection
+    close the pid still exists, so the agent must not be what removes the file."""
+    p = subprocess.Popen(
+        [sys.executable, "-c", _APP_SELF_KILL, env.mount],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdin is not None and p.stdout is not None
+        assert p.stdout.readline().strip() == "ready"
+        _until(lambda: env.agent.iov_count == 1)
+        p.stdin.write("die\n")
+        p.stdin.flush()
+        _until(lambda: env.agent.iov_count == 0)  # dropped while the child is a zombie
+        assert glob.glob(f"/dev/shm/fs3-iov-{p.pid}-*") == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait(10)
+        for leftover in glob.glob(f"/dev/shm/fs3-io[rv]-{p.pid}-*"):
+            os.unlink(leftover)
+
+
 _AGENT = """
 import sys, anyio, os
 from fs3.usrbio.agent import STREAM_MIN_READ, UsrbioAgent
