@@ -18,7 +18,7 @@ tensors whose sizes are log-uniform between 4 KiB and 32 MiB) is
 * saved and loaded with PyTorch DCP through ``fs3.ckpt.dcp`` (when that module
   is present) on the mount;
 * read raw with USRBIO (the ``fs3.ckpt`` data file, with fs3.ckpt's I/O size,
-  rings and depth; no allocation, copy or CRC) into a registered 64 MiB
+  rings and depth; no allocation, copy or CRC) into a registered 128 MiB
   buffer already in use whose slots are reused ring-fashion: the rate the
   load is compared with; and, for reference, into a registered buffer of the
   file's size already in use, each I/O at its own place (the bytes kept, as a
