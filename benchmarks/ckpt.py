@@ -18,7 +18,7 @@ tensors whose sizes are log-uniform between 4 KiB and 32 MiB) is
 * saved and loaded with PyTorch DCP through ``fs3.ckpt.dcp`` (when that module
   is present) on the mount;
 * read raw with USRBIO (the ``fs3.ckpt`` data file, with fs3.ckpt's I/O size,
-  rings and depth; no allocation, copy or CRC) into a registered 64 MiB
+  rings and depth; no allocation, copy or CRC) into a registered 128 MiB
   buffer already in use whose slots are reused ring-fashion: the rate the
   load is compared with; and, for reference, into a registered buffer of the
   file's size already in use, each I/O at its own place (the bytes kept, as a
@@ -78,7 +78,10 @@ import torch
 import fs3.ckpt as ckpt
 from fs3.ckpt import layout
 from fs3.ckpt.api import split_copies
-from fs3.ckpt.store import INFLIGHT, IO_BYTES, RINGS, huge_bytes, load_pool
+from fs3.ckpt.store import READ_INFLIGHT as INFLIGHT
+from fs3.ckpt.store import READ_IO_BYTES as IO_BYTES
+from fs3.ckpt.store import READ_RINGS as RINGS
+from fs3.ckpt.store import huge_bytes, load_pool
 from fs3.cli.bench import drop_caches
 from fs3.testing.cluster import ProcessCluster
 
@@ -130,8 +133,8 @@ def fsync_path(p: str) -> None:
 def usrbio_read(mount: str, path: str, iov: Any) -> float:
     """Seconds to read ``path`` once with USRBIO as fs3.ckpt's store does, minus everything else.
 
-    Same I/O size (``IO_BYTES``), rings (``RINGS``, a thread each) and depth
-    (``INFLIGHT`` over all rings), into ``iov``, a registered, already used
+    Same I/O size (``IO_BYTES``: the store's ``READ_IO_BYTES``), rings (``RINGS``,
+    a thread each) and depth (``INFLIGHT`` over all rings) as a load, into ``iov``, a registered, already used
     buffer: no allocation, no copy, no CRC. If ``iov`` holds the whole file
     each I/O lands at its file offset (the bytes are kept, as a load keeps
     them); a smaller one (``IO_BYTES * INFLIGHT``) is used as a ring of

@@ -111,6 +111,13 @@ class Iov:
     ``buf`` is a writable memoryview over all ``size`` bytes. Close it (or use
     ``with``) to deregister and free the memory; a crashed process's Iovs are
     reclaimed by the agent.
+
+    The /dev/shm file is unlinked as soon as the agent has mapped it (the agent
+    hands servers its open descriptor, never the name): the memory then lives
+    exactly as long as some process maps it, so an Iov cannot outlive its
+    process and the agent, however they end (``kill -9``, ``os._exit``, an
+    agent stopped first), where unlinking at close or at exit needs a clean
+    exit of one of them. ``path`` names that removed file.
     """
 
     def __init__(self, mountpoint: str, size: int, *, agent_socket: str | None = None) -> None:
@@ -129,6 +136,7 @@ class Iov:
         except BaseException:
             self._region.close()
             raise
+        self._region.unlink()
         self.buf: memoryview = self._region.buf
         self._fin = weakref.finalize(self, _close_all, self._sock, self._region)
 
@@ -139,6 +147,10 @@ class Iov:
     @property
     def path(self) -> str:
         return self._region.path
+
+    def fileno(self) -> int:
+        """The open descriptor of the shared memory (its file is already unlinked)."""
+        return self._region.fd
 
     def close(self) -> None:
         self._fin()
@@ -213,6 +225,7 @@ class Ior:
             self._ring.release()
             self._region.close()
             raise
+        self._region.unlink()  # mapped by the agent now: see Iov
         self._free = list(range(entries - 1, -1, -1))
         self._userdata: list[Any] = [None] * entries
         self._dead: FsError | None = None

@@ -303,7 +303,10 @@ def test_snapshot_memory_is_reused_by_a_load(
     _same(sd, out)
     # its pages were allocated in full (fallocate) before the servers saw the region, so
     # each server maps them all when it is registered there (ShmRegion.populate_allocated)
-    st = os.stat(_mapping_of(out["w0"].data_ptr()).split()[-1])
+    # (the Iov's /dev/shm file is unlinked once the agent mapped it: fstat its descriptor)
+    hit = pool.find(out["w0"].data_ptr(), 1)
+    assert hit is not None
+    st = os.fstat(hit[0].fileno())
     assert st.st_blocks * 512 >= st.st_size
     del out
     again = c.load(1)  # and again, into the same memory

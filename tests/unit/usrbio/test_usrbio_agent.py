@@ -489,6 +489,96 @@ def test_crashed_application_is_reclaimed(env: AgentEnv) -> None:
             os.unlink(leftover)
 
 
+_APP_RW = """
+import os, sys, time
+from fs3.usrbio import Iov, Ior, reg_fd, prep_io, submit_ios, wait_for_ios
+mount, path = sys.argv[1], sys.argv[2]
+iov = Iov(mount, 1 << 20)
+ior = Ior(mount, 4, for_read=True)
+fd = os.open(path, os.O_RDONLY); reg_fd(fd)
+prep_io(ior, iov, 4096, fd, 0, 4096, 1)
+submit_ios(ior)
+(c,) = wait_for_ios(ior, max_results=1, min_results=1, timeout=10)
+assert c.result == 4096 and bytes(iov.buf[4096:8192]) == b"z" * 4096, c
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(30)
+def test_iov_file_gone_once_mapped_so_no_exit_leaks_it() -> None:
+    """An Iov's /dev/shm file is unlinked once the agent mapped it: neither the
+    agent stopping first nor a kill -9 of the application can leave it behind."""
+    with tempfile.TemporaryDirectory(prefix="fs3-usrbio-") as mount:
+        path = os.path.join(mount, "x.bin")
+        with open(path, "wb") as f:
+            f.write(b"z" * 4096)
+        agent = UsrbioAgent(LocalFileBackend(mount))
+        p: subprocess.Popen[str] | None = None
+        try:
+            with start_blocking_portal("trio") as portal:
+                fut, _ = portal.start_task(agent.serve, agent_socket_path(mount))
+                try:
+                    p = subprocess.Popen(
+                        [sys.executable, "-c", _APP_RW, mount, path],
+                        stdout=subprocess.PIPE,
+                        text=True,
+                    )
+                    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+                    assert agent.iov_count == 1 and agent.ring_count == 1
+                    # registered and used (the read above landed in the Iov), yet no file
+                    assert glob.glob(f"/dev/shm/fs3-io[rv]-{p.pid}-*") == []
+                finally:
+                    fut.cancel()  # the agent goes first; the application is still alive
+            p.send_signal(signal.SIGKILL)
+            p.wait(10)
+            assert glob.glob(f"/dev/shm/fs3-io[rv]-{p.pid}-*") == []
+        finally:
+            if p is not None:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(10)
+                for leftover in glob.glob(f"/dev/shm/fs3-io[rv]-{p.pid}-*"):
+                    os.unlink(leftover)
+
+
+_APP_SELF_KILL = """
+import os, signal, sys
+from fs3.usrbio import Iov
+iov = Iov(sys.argv[1], 64 << 20)
+print("ready", flush=True)
+sys.stdin.readline()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.timeout(30)
+def test_killed_child_not_yet_reaped_leaves_no_iov_file(env: AgentEnv) -> None:
+    """A rank that kills itself stays a zombie until its parent waits for it (a
+    launcher busy waiting for another rank): when the agent sees the connection
+    close the pid still exists, so the agent must not be what removes the file."""
+    p = subprocess.Popen(
+        [sys.executable, "-c", _APP_SELF_KILL, env.mount],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdin is not None and p.stdout is not None
+        assert p.stdout.readline().strip() == "ready"
+        _until(lambda: env.agent.iov_count == 1)
+        p.stdin.write("die\n")
+        p.stdin.flush()
+        _until(lambda: env.agent.iov_count == 0)  # dropped while the child is a zombie
+        assert glob.glob(f"/dev/shm/fs3-iov-{p.pid}-*") == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait(10)
+        for leftover in glob.glob(f"/dev/shm/fs3-io[rv]-{p.pid}-*"):
+            os.unlink(leftover)
+
+
 _AGENT = """
 import sys, anyio, os
 from fs3.usrbio.agent import STREAM_MIN_READ, UsrbioAgent
