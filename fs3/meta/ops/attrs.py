@@ -1,7 +1,12 @@
 """Read-mostly ops: lookup, getattr, access, readlink, readdir, and setlayout.
 
 Read-only ops use snapshot reads: they never make a writer retry, and a
-snapshot is still a consistent point-in-time view of the namespace.
+snapshot is still a consistent point-in-time view of the namespace. The ops
+that read one inode and nothing else (getattr, access, readlink) are *point
+ops* ``op(db, req)``: they read that inode with one
+:meth:`fs3.kv.Database.snapshot_get` outside any transaction, the cheapest
+consistent read every engine has (on SQLite one statement, where a transaction
+would add BEGIN, a version read and ROLLBACK).
 
 ReadDir pages by name: entries come sorted by raw name bytes and the cursor is
 the last name returned, so an entry that exists for the whole listing is
@@ -17,11 +22,12 @@ import errno
 import os
 
 from fs3.errors import posix
+from fs3.kv import Database
 from fs3.meta import perms
 from fs3.meta import schema as S
 from fs3.meta.layout import validate_layout
 from fs3.meta.ops.common import OpCtx, search_dir, touch
-from fs3.meta.store import Inode, MetaTxn
+from fs3.meta.store import Inode, MetaTxn, read_inode
 from fs3.proto import common_pb2, meta_pb2
 
 READDIR_DEFAULT = 1024
@@ -73,32 +79,42 @@ def lookup_path(
     return resp
 
 
-def getattr_(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.GetAttrRequest) -> meta_pb2.AttrResponse:
+def getattr_(db: Database, req: meta_pb2.GetAttrRequest) -> meta_pb2.AttrResponse:
+    """A point op (see :func:`fs3.meta.store.read_inode`): one snapshot read, no transaction."""
     ino = req.inode
     if ino == 0:
         raise posix(errno.EINVAL, "inode is required")
+    node = read_inode(db, ino)
+    if node is None:
+        raise posix(errno.ENOENT, f"no inode {ino}")
     resp = meta_pb2.AttrResponse()
-    S.fill_public_attr(resp.attr, tx.must(ino, snapshot=True).attr)
+    S.fill_public_attr(resp.attr, node.attr)
     return resp
 
 
-def access(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.AccessRequest) -> common_pb2.Empty:
+def access(db: Database, req: meta_pb2.AccessRequest) -> common_pb2.Empty:
+    """A point op, like :func:`getattr_`; the caller is ``req.user``."""
     if req.inode == 0:
         raise posix(errno.EINVAL, "inode is required")
     if req.mask & ~(os.R_OK | os.W_OK | os.X_OK):
         raise posix(errno.EINVAL, f"bad access mask {req.mask:#o}")
-    node = tx.must(req.inode, snapshot=True)
+    node = read_inode(db, req.inode)
+    if node is None:
+        raise posix(errno.ENOENT, f"no inode {req.inode}")
     if req.mask:
         perms.check(
-            node.attr, ctx.user, req.mask, f"access {req.mask:#o} denied on inode {node.ino}"
+            node.attr, req.user, req.mask, f"access {req.mask:#o} denied on inode {node.ino}"
         )
     return common_pb2.Empty()
 
 
-def readlink(ctx: OpCtx, tx: MetaTxn, req: meta_pb2.ReadLinkRequest) -> meta_pb2.ReadLinkResponse:
+def readlink(db: Database, req: meta_pb2.ReadLinkRequest) -> meta_pb2.ReadLinkResponse:
+    """A point op, like :func:`getattr_`."""
     if req.inode == 0:
         raise posix(errno.EINVAL, "inode is required")
-    node = tx.must(req.inode, snapshot=True)
+    node = read_inode(db, req.inode)
+    if node is None:
+        raise posix(errno.ENOENT, f"no inode {req.inode}")
     if not S.is_lnk(node.attr):
         raise posix(errno.EINVAL, f"inode {node.ino} is not a symlink")
     return meta_pb2.ReadLinkResponse(target=node.symlink_target)

@@ -60,6 +60,51 @@ def test_read_once_only_for_point_reads() -> None:
     assert r.attr.inode == 1
 
 
+def test_point_reads_are_one_snapshot_get_and_no_transaction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """getattr/access/readlink read the inode and its times key in one KV call, no transaction."""
+    from fs3.kv.database import Database
+    from fs3.meta import schema as S
+
+    op = _op()
+    d = op.mkdir(meta_pb2.MkdirRequest(user=ROOT, request_id="d", parent=1, name=b"d", mode=0o700))
+    ln = op.symlink(
+        meta_pb2.SymlinkRequest(user=ROOT, request_id="l", parent=1, name=b"l", target=b"/t")
+    )
+    calls: list[list[bytes]] = []
+    real = type(op.db).snapshot_get
+
+    def spy(self: Database, keys: list[bytes]) -> list[bytes | None]:
+        calls.append(list(keys))
+        return real(self, keys)  # type: ignore[arg-type]
+
+    def no_txn(self: Database) -> None:
+        raise AssertionError("a point read opened a transaction")
+
+    monkeypatch.setattr(type(op.db), "snapshot_get", spy)
+    monkeypatch.setattr(type(op.db), "create_transaction", no_txn)
+    ino = d.attr.inode
+    r = op.read_once("getattr", meta_pb2.GetAttrRequest(user=ROOT, inode=ino))
+    assert calls == [[S.inode_key(ino), S.dir_times_key(ino)]]
+    assert r.attr.inode == ino and r.attr.mtime == d.attr.mtime and r.attr.ctime == d.attr.ctime
+    assert r.attr.mode == 0o040700 and r.attr.nlink == 2
+    user = common_pb2.UserInfo(uid=1000, gid=1000)
+    with pytest.raises(FsError) as ei:
+        op.read_once("access", meta_pb2.AccessRequest(user=user, inode=ino, mask=4))
+    assert ei.value.errno == errno.EACCES
+    r2 = op.read_once("readlink", meta_pb2.ReadLinkRequest(user=ROOT, inode=ln.attr.inode))
+    assert r2.target == b"/t"
+    assert len(calls) == 3
+    for bad, code in ((0, errno.EINVAL), (987654, errno.ENOENT)):
+        with pytest.raises(FsError) as ei:
+            op.read_once("getattr", meta_pb2.GetAttrRequest(user=ROOT, inode=bad))
+        assert ei.value.errno == code
+    with pytest.raises(FsError) as ei:
+        op.read_once("getattr", meta_pb2.GetAttrRequest(inode=1))  # no user
+    assert ei.value.code.name == "INVALID_ARGUMENT"
+
+
 def test_lookup_reads_no_parent_times(monkeypatch: pytest.MonkeyPatch) -> None:
     """A lookup reads the parent's record, the entry and the child: not the parent's times key."""
     from fs3.kv.database import Transaction
