@@ -43,6 +43,10 @@ def _set_times(attr: meta_pb2.Attr, raw_times: bytes) -> None:
     t.sec, t.nsec = divmod(c, 1_000_000_000)
 
 
+_DECODED_MAX = 4096  # read_inode's cache of decoded inodes (entries, then it starts afresh)
+_decoded: dict[tuple[bytes, bytes | None], Inode] = {}
+
+
 def read_inode(db: Database, ino: int) -> Inode | None:
     """The inode with its directory times, read outside any transaction, or None.
 
@@ -51,14 +55,26 @@ def read_inode(db: Database, ino: int) -> Inode | None:
     ops that need nothing else (getattr). A non-directory has no times key; asking
     for it in the same read costs nothing. What :meth:`MetaTxn.load` returns with
     ``snapshot=True``.
+
+    The result is SHARED and must not be modified: decoding is cached by the
+    stored bytes themselves (record, times), so an inode read again unchanged
+    (stat after stat) skips the protobuf parse and the times decode, and a
+    changed one has other bytes and so decodes afresh. Nothing can go stale.
     """
     raw, raw_times = db.snapshot_get((S.inode_key(ino), S.dir_times_key(ino)))
     if raw is None:
         return None
+    key = (raw, raw_times)
+    node = _decoded.get(key)
+    if node is not None:
+        return node
     rec = meta_pb2.InodeRecord.FromString(raw)
     node = Inode(rec.attr, rec.symlink_target)
     if raw_times is not None and S.is_dir(node.attr):
         _set_times(node.attr, raw_times)
+    if len(_decoded) >= _DECODED_MAX:
+        _decoded.clear()
+    _decoded[key] = node
     return node
 
 

@@ -105,6 +105,46 @@ def test_point_reads_are_one_snapshot_get_and_no_transaction(
     assert ei.value.code.name == "INVALID_ARGUMENT"
 
 
+def test_point_reads_see_every_change_and_the_decode_cache_stays_bounded() -> None:
+    """read_inode caches decoded inodes by their stored bytes: a change is never hidden."""
+    from fs3.meta import store
+
+    op = _op()
+    f = op.mkdir(meta_pb2.MkdirRequest(user=ROOT, request_id="f", parent=1, name=b"f", mode=0o755))
+    ino = f.attr.inode
+    get = meta_pb2.GetAttrRequest(user=ROOT, inode=ino)
+    assert op.read_once("getattr", get).attr.mode == 0o040755
+    assert op.read_once("getattr", get).attr.mode == 0o040755  # from the cache
+    op.setattr(
+        meta_pb2.SetAttrRequest(
+            user=ROOT, request_id="s", inode=ino, mode=0o600, valid=meta_pb2.SETATTR_MODE
+        )
+    )
+    assert op.read_once("getattr", get).attr.mode == 0o040600
+    root_before = op.read_once("getattr", meta_pb2.GetAttrRequest(user=ROOT, inode=1)).attr
+    op.mkdir(meta_pb2.MkdirRequest(user=ROOT, request_id="d", parent=1, name=b"d", mode=0o755))
+    root_after = op.read_once("getattr", meta_pb2.GetAttrRequest(user=ROOT, inode=1)).attr
+    assert root_after.nlink == root_before.nlink + 1
+    assert (root_after.mtime.sec, root_after.mtime.nsec) >= (
+        root_before.mtime.sec,
+        root_before.mtime.nsec,
+    )
+    for i in range(store._DECODED_MAX + 10):  # distinct stored bytes each time
+        op.setattr(
+            meta_pb2.SetAttrRequest(
+                user=ROOT,
+                request_id=f"t{i}",
+                inode=ino,
+                mode=0o600 | (i & 0o77),
+                valid=meta_pb2.SETATTR_MODE,
+            )
+        )
+        op.read_once("getattr", get)
+        if i % 64 == 0:
+            op.read_once("getattr", meta_pb2.GetAttrRequest(user=ROOT, inode=1))
+    assert len(store._decoded) <= store._DECODED_MAX
+
+
 def test_lookup_reads_no_parent_times(monkeypatch: pytest.MonkeyPatch) -> None:
     """A lookup reads the parent's record, the entry and the child: not the parent's times key."""
     from fs3.kv.database import Transaction
