@@ -266,7 +266,7 @@ class MetaOperator:
     # ------------------------------------------------------------------ reads
 
     def lookup(self, req: meta_pb2.LookupRequest) -> meta_pb2.AttrResponse:
-        return self._read(attrs.lookup, req, meta_pb2.LookupRequest)  # type: ignore[no-any-return]
+        return self._point(attrs.lookup, req, meta_pb2.LookupRequest)  # type: ignore[no-any-return]
 
     def lookup_path(self, req: meta_pb2.LookupPathRequest) -> meta_pb2.LookupPathResponse:
         return self._read(attrs.lookup_path, req, meta_pb2.LookupPathRequest)  # type: ignore[no-any-return]
@@ -599,12 +599,12 @@ def _id_fields(cls: type[Message]) -> tuple[str, ...]:
 
 
 _POINT_OPS: dict[str, tuple[PointOp, type[Message]]] = {
+    "lookup": (attrs.lookup, meta_pb2.LookupRequest),
     "getattr": (attrs.getattr_, meta_pb2.GetAttrRequest),
     "access": (attrs.access, meta_pb2.AccessRequest),
     "readlink": (attrs.readlink, meta_pb2.ReadLinkRequest),
 }
 _READ_OPS: dict[str, tuple[Op, type[Message]]] = {
-    "lookup": (attrs.lookup, meta_pb2.LookupRequest),
     "lookup_path": (attrs.lookup_path, meta_pb2.LookupPathRequest),
     "getxattr": (xattrs.getxattr, meta_pb2.GetXattrRequest),
     "listxattr": (xattrs.listxattr, meta_pb2.ListXattrRequest),

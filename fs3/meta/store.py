@@ -62,8 +62,15 @@ def read_inode(db: Database, ino: int) -> Inode | None:
     changed one has other bytes and so decodes afresh. Nothing can go stale.
     """
     raw, raw_times = db.snapshot_get((S.inode_key(ino), S.dir_times_key(ino)))
-    if raw is None:
-        return None
+    return None if raw is None else decode_inode(raw, raw_times)
+
+
+def decode_inode(raw: bytes, raw_times: bytes | None) -> Inode:
+    """:func:`read_inode`'s decode of stored bytes (SHARED result, cached by the bytes).
+
+    ``raw_times`` None: a directory without its times (a caller that checks only
+    type and permissions, like :meth:`MetaTxn.load` with ``times=False``).
+    """
     key = (raw, raw_times)
     node = _decoded.get(key)
     if node is not None:
