@@ -89,9 +89,10 @@ def _lookup_point(db: Database, user: common_pb2.UserInfo, parent_ino: int, name
         parent = _searchable(read_inode(db, parent_ino), parent_ino, user)  # "." returns it
         if name == b".":
             return parent
-        node = read_inode(db, int(parent.attr.parent) or S.ROOT_INODE)
+        up = int(parent.attr.parent) or S.ROOT_INODE
+        node = read_inode(db, up)
         if node is None:
-            raise posix(errno.ENOENT, f"no inode {int(parent.attr.parent)}")
+            raise posix(errno.ENOENT, f"no inode {up}")
         return node
     pkey = S.inode_key(parent_ino)
     try:
