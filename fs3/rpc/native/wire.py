@@ -483,7 +483,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
         a trip through the run queue; a 1 MiB transfer over loopback TCP took
         three to five of them, and the native path lost to a blocking
         ``recv_into`` loop by up to 3x. Measured with the mark (interleaved
-        rounds, benchmarks/results/rpc-20261202-3-loaded.md): 0.88-1.11x
+        rounds, benchmarks/results/rpc-20261202-3.md): 0.88-1.11x
         the plain loop both ways, against 0.33-0.70x without. Unix sockets
         ignore the mark in poll, so only TCP sockets are watched.
         """
