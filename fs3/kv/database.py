@@ -26,7 +26,7 @@ import logging
 import random
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from fs3 import faults
@@ -42,6 +42,9 @@ KeyValue = tuple[bytes, bytes]
 # embedded engine also works in production.
 MAX_KEY_SIZE = 10_000
 MAX_VALUE_SIZE = 100_000
+# Keys per Database.snapshot_get: it is for point lookups (SQLite binds each key
+# as a statement variable, and older builds allow 999 of them).
+MAX_SNAPSHOT_KEYS = 512
 
 
 def key_after(key: bytes) -> bytes:
@@ -225,6 +228,41 @@ class Database(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the engine's resources."""
+
+    def snapshot_get(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The values of ``keys`` (None: absent), all read at one consistent point.
+
+        A read-only point lookup outside any transaction: no conflict set, no
+        commit, one attempt (a retryable failure is raised; wrap the call in
+        :meth:`run` to retry). Engines answer it with the least work they can
+        (SQLite: one SELECT, which is its own snapshot; no BEGIN/ROLLBACK). This
+        default reads them with snapshot gets in one throwaway transaction.
+
+        Checks each key and passes the ``kv.get`` fault point once, like :meth:`Transaction.get`.
+        """
+        keys = self._check_keys(keys)
+        tr = self.create_transaction()
+        try:
+            return [tr._get(k, snapshot=True) for k in keys]  # checked above
+        finally:
+            tr.cancel()
+
+    @staticmethod
+    def _check_keys(keys: Sequence[bytes]) -> list[bytes]:
+        """:meth:`snapshot_get`'s argument checks and fault point, for every engine alike."""
+        if len(keys) > MAX_SNAPSHOT_KEYS:
+            raise FsError(
+                Code.INVALID_ARGUMENT,
+                f"snapshot_get of {len(keys)} keys exceeds {MAX_SNAPSHOT_KEYS}: use a transaction",
+            )
+        out = []
+        for k in keys:
+            if type(k) is not bytes or len(k) > MAX_KEY_SIZE:
+                Transaction.check_key(k)
+                k = bytes(k)
+            out.append(k)
+        faults.maybe_fail("kv.get")
+        return out
 
     def run(
         self, fn: Callable[[Transaction], T], *, max_retries: int = 100, timeout_s: float = 30.0

@@ -16,6 +16,7 @@ selected; without that library :class:`FdbDatabase` raises
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from fs3 import faults
@@ -116,6 +117,22 @@ class FdbDatabase(Database):
             maybe_committed=bool(preds.is_maybe_committed(e)),
             in_commit=in_commit,
         )
+
+    def snapshot_get(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Snapshot gets in one read-only FDB transaction (its read version is the
+        consistent point), all issued before the first is waited for: one round trip."""
+        keys = self._check_keys(keys)
+        fdb = self._fdb
+        try:
+            tr = self._db.create_transaction()
+            try:
+                futures = [tr.snapshot.get(k) for k in keys]
+                values = [f.value for f in futures]
+            finally:
+                tr.cancel()
+        except fdb.FDBError as e:
+            raise self._error(e, in_commit=False) from e
+        return [None if v is None else bytes(v) for v in values]
 
     def create_transaction(self) -> FdbTransaction:
         try:

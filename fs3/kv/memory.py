@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+from collections.abc import Sequence
 
 from fs3 import faults
 from fs3.errors import Code, FsError
@@ -45,6 +46,13 @@ class MemoryDatabase(Database):
             tr = MemoryTransaction(self, self._version)
             self._active[id(tr)] = self._version
             return tr
+
+    def snapshot_get(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The newest committed values, under the lock (so one version for all)."""
+        keys = self._check_keys(keys)
+        with self._lock:
+            ver = self._version
+            return [self._value_at(k, ver) for k in keys]
 
     # -- snapshot reads at a version --------------------------------------------
 

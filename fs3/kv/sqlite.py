@@ -70,7 +70,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl
 
@@ -128,6 +128,37 @@ def _pack_ranges(points: Iterable[bytes], ranges: list[Range]) -> bytes:
         out += _LEN.pack(len(e))
         out += e
     return bytes(out)
+
+
+# This process's pid, kept by a fork hook: connections of a parent are never used
+# in a forked child, and asking the kernel (os.getpid) on every pool access cost
+# more than half a point read's Python time.
+_pid = os.getpid()
+
+
+def _after_fork() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+_IN_SQL: dict[int, str] = {}  # snapshot_get's statement by number of keys
+
+
+def _in_sql(n: int) -> str:
+    """snapshot_get's one statement for ``n`` keys (kept for small ``n``).
+
+    Up to 16 keys: a compound ``SELECT ... WHERE k = ? UNION ALL ...``, one
+    primary-key search per key; SQLite plans ``k IN (?, ?)`` with an ephemeral
+    table of the list, which costs more than the lookups (for two keys measured
+    at 11 µs against 7 µs). A compound select is still one statement: one snapshot.
+    """
+    if n <= 16:
+        sql = " UNION ALL ".join(["SELECT k, v FROM kv WHERE k = ?"] * n)
+        _IN_SQL[n] = sql
+        return sql
+    return "SELECT k, v FROM kv WHERE k IN (" + ",".join("?" * n) + ")"
 
 
 def _overlaps(a: Range, b: Range) -> bool:
@@ -405,10 +436,10 @@ class SqliteDatabase(Database):
         with self._lock:
             if self._closed:
                 raise FsError(Code.KV_UNAVAILABLE, "sqlite KV database is closed", retryable=False)
-            if self._pid != os.getpid():
+            if self._pid != _pid:
                 # Forked child: the parent's connections must not be used here.
                 self._pool = []
-                self._pid = os.getpid()
+                self._pid = _pid
             if self._pool:
                 return self._pool.pop()
         return self._connect()
@@ -421,10 +452,36 @@ class SqliteDatabase(Database):
             conn.close()
             return
         with self._lock:
-            if not self._closed and len(self._pool) < _POOL_MAX and self._pid == os.getpid():
+            if not self._closed and len(self._pool) < _POOL_MAX and self._pid == _pid:
                 self._pool.append(conn)
                 return
         conn.close()
+
+    def snapshot_get(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """One SELECT on a pooled connection in autocommit mode.
+
+        A single statement outside BEGIN is its own read transaction in SQLite,
+        so every row it returns comes from one WAL snapshot: a consistent read
+        of all ``keys`` for the price of one statement (no BEGIN, no ROLLBACK,
+        no commit-version read). The statement runs to completion
+        (``fetchall``), so the connection goes back to the pool holding nothing.
+        """
+        keys = self._check_keys(keys)
+        n = len(keys)
+        if n == 0:
+            return []
+        sql = _IN_SQL.get(n) or _in_sql(n)
+        conn = self._acquire()
+        try:
+            rows = conn.execute(sql, keys).fetchall()
+        except sqlite3.Error as e:
+            raise _to_fserror(e, "get") from e
+        finally:
+            self._release(conn)
+        if n == 1:
+            return [rows[0][1] if rows else None]
+        found = dict(rows)
+        return [found.get(k) for k in keys]
 
     def create_transaction(self) -> SqliteTransaction:
         if self._closed:

@@ -49,6 +49,7 @@ log = logging.getLogger("fs3.meta")
 
 R = TypeVar("R", bound=Message)
 Op = Callable[[OpCtx, MetaTxn, Any], Any]
+PointOp = Callable[[Database, Any], Any]  # a read of one inode outside any transaction
 
 STATFS_TOTAL_FILES = 1 << 40  # no inode limit; report a large constant
 STATFS_BLOCK = 4096
@@ -146,6 +147,14 @@ class MetaOperator:
             lambda tr: op(self._ctx(req.user), MetaTxn(tr), req), max_retries=max_retries
         )
 
+    def _point(self, op: PointOp, req: Any, cls: type[Message]) -> Any:
+        """A point op (fs3/meta/ops/attrs.py) with retries: it runs in no transaction
+        of its own, so the one in :meth:`fs3.kv.Database.run` (whose retry loop this
+        borrows) stays unused, and never opens a read on any engine."""
+        self._check_request(req, cls)
+        db = self.db
+        return db.run(lambda _tr: op(db, req))
+
     #: Point reads cheap enough to run on the server's event loop (see :meth:`read_once`).
     INLINE_READS = frozenset(
         {"lookup", "lookup_path", "getattr", "access", "readlink", "getxattr", "listxattr"}
@@ -165,6 +174,16 @@ class MetaOperator:
         loop's deadline, backoff and closure are per-call work a single attempt
         does not need (a retryable failure still counts in ``db.retries``).
         """
+        point = _POINT_OPS.get(method)
+        if point is not None:  # one snapshot read, no transaction (see _point)
+            pop, pcls = point
+            self._check_request(req, pcls)
+            try:
+                return pop(self.db, req)
+            except FsError as e:
+                if e.retryable:
+                    self.db.retries += 1
+                raise
         entry = _READ_OPS.get(method)
         if entry is None or method not in self.INLINE_READS:
             raise invalid(f"{method} is not an inline read")
@@ -247,19 +266,19 @@ class MetaOperator:
     # ------------------------------------------------------------------ reads
 
     def lookup(self, req: meta_pb2.LookupRequest) -> meta_pb2.AttrResponse:
-        return self._read(attrs.lookup, req, meta_pb2.LookupRequest)  # type: ignore[no-any-return]
+        return self._point(attrs.lookup, req, meta_pb2.LookupRequest)  # type: ignore[no-any-return]
 
     def lookup_path(self, req: meta_pb2.LookupPathRequest) -> meta_pb2.LookupPathResponse:
         return self._read(attrs.lookup_path, req, meta_pb2.LookupPathRequest)  # type: ignore[no-any-return]
 
     def getattr(self, req: meta_pb2.GetAttrRequest) -> meta_pb2.AttrResponse:
-        return self._read(attrs.getattr_, req, meta_pb2.GetAttrRequest)  # type: ignore[no-any-return]
+        return self._point(attrs.getattr_, req, meta_pb2.GetAttrRequest)  # type: ignore[no-any-return]
 
     def access(self, req: meta_pb2.AccessRequest) -> common_pb2.Empty:
-        return self._read(attrs.access, req, meta_pb2.AccessRequest)  # type: ignore[no-any-return]
+        return self._point(attrs.access, req, meta_pb2.AccessRequest)  # type: ignore[no-any-return]
 
     def readlink(self, req: meta_pb2.ReadLinkRequest) -> meta_pb2.ReadLinkResponse:
-        return self._read(attrs.readlink, req, meta_pb2.ReadLinkRequest)  # type: ignore[no-any-return]
+        return self._point(attrs.readlink, req, meta_pb2.ReadLinkRequest)  # type: ignore[no-any-return]
 
     def readdir(self, req: meta_pb2.ReadDirRequest) -> meta_pb2.ReadDirResponse:
         return self._read(attrs.readdir, req, meta_pb2.ReadDirRequest)  # type: ignore[no-any-return]
@@ -579,12 +598,14 @@ def _id_fields(cls: type[Message]) -> tuple[str, ...]:
     return names
 
 
-_READ_OPS: dict[str, tuple[Op, type[Message]]] = {
+_POINT_OPS: dict[str, tuple[PointOp, type[Message]]] = {
     "lookup": (attrs.lookup, meta_pb2.LookupRequest),
-    "lookup_path": (attrs.lookup_path, meta_pb2.LookupPathRequest),
     "getattr": (attrs.getattr_, meta_pb2.GetAttrRequest),
     "access": (attrs.access, meta_pb2.AccessRequest),
     "readlink": (attrs.readlink, meta_pb2.ReadLinkRequest),
+}
+_READ_OPS: dict[str, tuple[Op, type[Message]]] = {
+    "lookup_path": (attrs.lookup_path, meta_pb2.LookupPathRequest),
     "getxattr": (xattrs.getxattr, meta_pb2.GetXattrRequest),
     "listxattr": (xattrs.listxattr, meta_pb2.ListXattrRequest),
 }

@@ -13,7 +13,7 @@ import errno
 from dataclasses import dataclass
 
 from fs3.errors import posix
-from fs3.kv import Transaction
+from fs3.kv import Database, Transaction
 from fs3.meta import schema as S
 from fs3.proto import meta_pb2
 
@@ -31,6 +31,58 @@ class Inode:
     @property
     def ino(self) -> int:
         return int(self.attr.inode)
+
+
+def _set_times(attr: meta_pb2.Attr, raw_times: bytes) -> None:
+    """A directory's mtime/ctime from its times key, set in place (S.timespec's
+    split): no Timespec built and copied per field."""
+    m, c = S.decode_times(raw_times)
+    t = attr.mtime
+    t.sec, t.nsec = divmod(m, 1_000_000_000)
+    t = attr.ctime
+    t.sec, t.nsec = divmod(c, 1_000_000_000)
+
+
+_DECODED_MAX = 4096  # read_inode's cache of decoded inodes (entries, then it starts afresh)
+_decoded: dict[tuple[bytes, bytes | None], Inode] = {}
+
+
+def read_inode(db: Database, ino: int) -> Inode | None:
+    """The inode with its directory times, read outside any transaction, or None.
+
+    One :meth:`fs3.kv.Database.snapshot_get` of the record and the times key
+    together (one consistent point: a single SQLite statement), for read-only
+    ops that need nothing else (getattr). A non-directory has no times key; asking
+    for it in the same read costs nothing. What :meth:`MetaTxn.load` returns with
+    ``snapshot=True``.
+
+    The result is SHARED and must not be modified: decoding is cached by the
+    stored bytes themselves (record, times), so an inode read again unchanged
+    (stat after stat) skips the protobuf parse and the times decode, and a
+    changed one has other bytes and so decodes afresh. Nothing can go stale.
+    """
+    raw, raw_times = db.snapshot_get((S.inode_key(ino), S.dir_times_key(ino)))
+    return None if raw is None else decode_inode(raw, raw_times)
+
+
+def decode_inode(raw: bytes, raw_times: bytes | None) -> Inode:
+    """:func:`read_inode`'s decode of stored bytes (SHARED result, cached by the bytes).
+
+    ``raw_times`` None: a directory without its times (a caller that checks only
+    type and permissions, like :meth:`MetaTxn.load` with ``times=False``).
+    """
+    key = (raw, raw_times)
+    node = _decoded.get(key)
+    if node is not None:
+        return node
+    rec = meta_pb2.InodeRecord.FromString(raw)
+    node = Inode(rec.attr, rec.symlink_target)
+    if raw_times is not None and S.is_dir(node.attr):
+        _set_times(node.attr, raw_times)
+    if len(_decoded) >= _DECODED_MAX:
+        _decoded.clear()
+    _decoded[key] = node
+    return node
 
 
 class MetaTxn:
@@ -71,12 +123,7 @@ class MetaTxn:
             # always a snapshot read: the times key is written blindly (see schema)
             raw_times = self.tr.get(S.dir_times_key(ino), snapshot=True)
             if raw_times is not None:
-                m, c = S.decode_times(raw_times)
-                # set in place (S.timespec's split): no Timespec built and copied per field
-                t = node.attr.mtime
-                t.sec, t.nsec = divmod(m, 1_000_000_000)
-                t = node.attr.ctime
-                t.sec, t.nsec = divmod(c, 1_000_000_000)
+                _set_times(node.attr, raw_times)
         self._cache[ino] = node
         return node
 

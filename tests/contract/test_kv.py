@@ -21,7 +21,7 @@ import pytest
 from fs3 import faults
 from fs3.errors import Code, FsError
 from fs3.kv import Database, Transaction, open_database
-from fs3.kv.database import MAX_KEY_SIZE, MAX_VALUE_SIZE
+from fs3.kv.database import MAX_KEY_SIZE, MAX_SNAPSHOT_KEYS, MAX_VALUE_SIZE
 from fs3.kv.keys import unpack
 from fs3.testing.kv import ENGINES, SHARED_ENGINES, TestKV, open_test_database, unavailable_reason
 
@@ -426,6 +426,88 @@ def test_run_async_concurrent_increments_end_exact(kv: TestKV) -> None:
     results = asyncio.run(main())
     assert sorted(results) == list(range(1, 61))  # each increment saw a distinct value
     assert _counter(kv.db, key) == 60
+
+
+# -- snapshot_get: point reads outside a transaction -------------------------------
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("n", [1, 2, 3, 20])  # 20: past SQLite's compound-select form
+def test_snapshot_get_returns_each_key_in_order(kv: TestKV, n: int) -> None:
+    keys = [kv.k("sg", i) for i in range(n)]
+
+    def write(tr: Transaction) -> None:
+        for i, k in enumerate(keys):
+            if i % 2 == 0:
+                tr.set(k, b"v%d" % i)
+
+    kv.db.run(write)
+    want = [b"v%d" % i if i % 2 == 0 else None for i in range(n)]
+    assert kv.db.snapshot_get(keys) == want
+    # the interface's default (snapshot gets in a throwaway transaction) answers alike
+    assert Database.snapshot_get(kv.db, keys) == want
+    assert kv.db.snapshot_get(list(reversed(keys))) == list(reversed(want))
+    assert kv.db.snapshot_get([keys[0], keys[0]]) == [b"v0", b"v0"]
+    assert kv.db.snapshot_get([]) == []
+    # a later commit is seen by the next read
+    kv.db.run(lambda tr: tr.set(keys[-1], b"new"))
+    assert kv.db.snapshot_get(keys)[-1] == b"new"
+
+
+@pytest.mark.timeout(60)
+def test_snapshot_get_reads_all_keys_at_one_point(kv: TestKV) -> None:
+    """A writer keeps two keys equal in each commit; no snapshot_get may see them differ."""
+    a, b = kv.k("sg", "a"), kv.k("sg", "b")
+    kv.db.run(lambda tr: (tr.set(a, b"0"), tr.set(b, b"0")))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        n = 0
+        try:
+            while not stop.is_set():
+                n += 1
+                v = str(n).encode()
+                kv.db.run(lambda tr, v=v: (tr.set(a, v), tr.set(b, v)))
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    seen = set()
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and len(seen) < 50:
+            va, vb = kv.db.snapshot_get([a, b])
+            assert va == vb
+            seen.add(va)
+    finally:
+        stop.set()
+        t.join(30)
+    assert not errors
+    assert len(seen) > 1, "the writer never committed while we read"
+
+
+@pytest.mark.timeout(30)
+def test_snapshot_get_bad_input_and_fault_point(kv: TestKV) -> None:
+    with pytest.raises(FsError) as ei:
+        kv.db.snapshot_get(["text"])  # type: ignore[list-item]
+    assert ei.value.code == Code.INVALID_ARGUMENT
+    with pytest.raises(FsError) as ei:
+        kv.db.snapshot_get([b"k" * (MAX_KEY_SIZE + 1)])
+    assert ei.value.code == Code.KV_TOO_LARGE
+    with pytest.raises(FsError) as ei:
+        kv.db.snapshot_get([kv.k("sg", i) for i in range(MAX_SNAPSHOT_KEYS + 1)])
+    assert ei.value.code == Code.INVALID_ARGUMENT
+    key = kv.k("sg", "fault")
+    kv.db.run(lambda tr: tr.set(key, b"x"))
+    with faults.inject(1.0, points={"kv.get"}, max_faults=1) as scope:
+        with pytest.raises(FsError) as ei:
+            kv.db.snapshot_get([key])
+        assert ei.value.retryable
+        # one attempt per call: the caller retries (Database.run's loop does)
+        assert kv.db.run(lambda _tr: kv.db.snapshot_get([key])) == [b"x"]
+    assert scope.injected == {"kv.get": 1}
 
 
 # -- limits and bad input -------------------------------------------------------

@@ -52,3 +52,68 @@ def test_open_without_libfdb_c_is_a_clear_kv_unavailable() -> None:
             open_database(url)
         assert ei.value.code == Code.KV_UNAVAILABLE and not ei.value.retryable
         assert "libfdb_c" in ei.value.message
+
+
+class _FakeFdbError(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+        self.description = "fake"
+
+
+class _Future:
+    def __init__(self, log: list[str], key: bytes, value: bytes | None) -> None:
+        self.log, self.key, self._value = log, key, value
+
+    @property
+    def value(self) -> bytes | None:
+        self.log.append(f"wait {self.key!r}")
+        if self._value == b"!":
+            raise _FakeFdbError(1031)
+        return self._value
+
+
+class _FakeTr:
+    def __init__(self, data: dict[bytes, bytes], log: list[str]) -> None:
+        self.data, self.log = data, log
+        self.snapshot = self
+
+    def get(self, key: bytes) -> _Future:
+        self.log.append(f"get {key!r}")
+        return _Future(self.log, key, self.data.get(key))
+
+    def cancel(self) -> None:
+        self.log.append("cancel")
+
+
+@pytest.mark.timeout(5)
+def test_fdb_snapshot_get_issues_every_read_before_waiting() -> None:
+    """One round trip: all snapshot gets go out before the first answer is awaited."""
+    from types import SimpleNamespace
+
+    from fs3.kv.fdb import FdbDatabase
+
+    log: list[str] = []
+    data = {b"a": b"1", b"b": b"2", b"bad": b"!"}
+    db = object.__new__(FdbDatabase)
+    db._fdb = SimpleNamespace(  # type: ignore[attr-defined]
+        FDBError=_FakeFdbError,
+        predicates=SimpleNamespace(
+            is_retryable=lambda e: False, is_maybe_committed=lambda e: False
+        ),
+    )
+    db._db = SimpleNamespace(create_transaction=lambda: _FakeTr(data, log))  # type: ignore[attr-defined]
+    assert db.snapshot_get([b"a", b"missing", b"b"]) == [b"1", None, b"2"]
+    assert log == [
+        "get b'a'",
+        "get b'missing'",
+        "get b'b'",
+        "wait b'a'",
+        "wait b'missing'",
+        "wait b'b'",
+        "cancel",
+    ]
+    with pytest.raises(FsError) as ei:
+        db.snapshot_get([b"bad"])
+    assert ei.value.code == Code.KV_UNAVAILABLE
+    assert log[-1] == "cancel"

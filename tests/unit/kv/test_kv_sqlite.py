@@ -554,3 +554,20 @@ def test_a_commit_polls_a_foreign_write_lock_and_takes_it_once_free(path: str) -
         assert results == {"k": "ok"}
         writer.set_trace_callback(None)
         assert db.run(lambda tr: tr.get(b"k")) == b"v"
+
+
+@pytest.mark.timeout(10)
+def test_snapshot_get_is_one_statement_without_begin(path: str) -> None:
+    """A point read outside a transaction costs one SELECT: no BEGIN, no version read, no ROLLBACK."""
+    with SqliteDatabase(path) as db:
+        db.run(lambda tr: (tr.set(b"a", b"1"), tr.set(b"b", b"2")))
+        conn = db._acquire()
+        traced: list[str] = []
+        conn.set_trace_callback(traced.append)
+        db._release(conn)
+        assert db.snapshot_get([b"a", b"missing", b"b"]) == [b"1", None, b"2"]
+        assert len(traced) == 1 and traced[0].startswith("SELECT"), traced
+        assert not conn.in_transaction  # nothing pinned: the pool holds no snapshot
+        traced.clear()
+        assert db.snapshot_get([b"a"]) == [b"1"]
+        assert len(traced) == 1, traced

@@ -60,9 +60,101 @@ def test_read_once_only_for_point_reads() -> None:
     assert r.attr.inode == 1
 
 
-def test_lookup_reads_no_parent_times(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A lookup reads the parent's record, the entry and the child: not the parent's times key."""
-    from fs3.kv.database import Transaction
+def _spy_point_reads(monkeypatch: pytest.MonkeyPatch, op: MetaOperator) -> list[list[bytes]]:
+    """Record the keys of every snapshot_get of ``op``'s KV; fail on any transaction."""
+    from fs3.kv.database import Database
+
+    calls: list[list[bytes]] = []
+    real = type(op.db).snapshot_get
+
+    def spy(self: Database, keys: list[bytes]) -> list[bytes | None]:
+        calls.append(list(keys))
+        return real(self, keys)  # type: ignore[arg-type]
+
+    def no_txn(self: Database) -> None:
+        raise AssertionError("a point read opened a transaction")
+
+    monkeypatch.setattr(type(op.db), "snapshot_get", spy)
+    monkeypatch.setattr(type(op.db), "create_transaction", no_txn)
+    return calls
+
+
+def test_point_reads_are_one_snapshot_get_and_no_transaction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """getattr/access/readlink read the inode and its times key in one KV call, no transaction."""
+    from fs3.meta import schema as S
+
+    op = _op()
+    d = op.mkdir(meta_pb2.MkdirRequest(user=ROOT, request_id="d", parent=1, name=b"d", mode=0o700))
+    ln = op.symlink(
+        meta_pb2.SymlinkRequest(user=ROOT, request_id="l", parent=1, name=b"l", target=b"/t")
+    )
+    calls = _spy_point_reads(monkeypatch, op)
+    ino = d.attr.inode
+    r = op.read_once("getattr", meta_pb2.GetAttrRequest(user=ROOT, inode=ino))
+    assert calls == [[S.inode_key(ino), S.dir_times_key(ino)]]
+    assert r.attr.inode == ino and r.attr.mtime == d.attr.mtime and r.attr.ctime == d.attr.ctime
+    assert r.attr.mode == 0o040700 and r.attr.nlink == 2
+    user = common_pb2.UserInfo(uid=1000, gid=1000)
+    with pytest.raises(FsError) as ei:
+        op.read_once("access", meta_pb2.AccessRequest(user=user, inode=ino, mask=4))
+    assert ei.value.errno == errno.EACCES
+    r2 = op.read_once("readlink", meta_pb2.ReadLinkRequest(user=ROOT, inode=ln.attr.inode))
+    assert r2.target == b"/t"
+    assert len(calls) == 3
+    for bad, code in ((0, errno.EINVAL), (987654, errno.ENOENT)):
+        with pytest.raises(FsError) as ei:
+            op.read_once("getattr", meta_pb2.GetAttrRequest(user=ROOT, inode=bad))
+        assert ei.value.errno == code
+    with pytest.raises(FsError) as ei:
+        op.read_once("getattr", meta_pb2.GetAttrRequest(inode=1))  # no user
+    assert ei.value.code.name == "INVALID_ARGUMENT"
+
+
+def test_point_reads_see_every_change_and_the_decode_cache_stays_bounded() -> None:
+    """read_inode caches decoded inodes by their stored bytes: a change is never hidden."""
+    from fs3.meta import store
+
+    op = _op()
+    f = op.mkdir(meta_pb2.MkdirRequest(user=ROOT, request_id="f", parent=1, name=b"f", mode=0o755))
+    ino = f.attr.inode
+    get = meta_pb2.GetAttrRequest(user=ROOT, inode=ino)
+    assert op.read_once("getattr", get).attr.mode == 0o040755
+    assert op.read_once("getattr", get).attr.mode == 0o040755  # from the cache
+    op.setattr(
+        meta_pb2.SetAttrRequest(
+            user=ROOT, request_id="s", inode=ino, mode=0o600, valid=meta_pb2.SETATTR_MODE
+        )
+    )
+    assert op.read_once("getattr", get).attr.mode == 0o040600
+    root_before = op.read_once("getattr", meta_pb2.GetAttrRequest(user=ROOT, inode=1)).attr
+    op.mkdir(meta_pb2.MkdirRequest(user=ROOT, request_id="d", parent=1, name=b"d", mode=0o755))
+    root_after = op.read_once("getattr", meta_pb2.GetAttrRequest(user=ROOT, inode=1)).attr
+    assert root_after.nlink == root_before.nlink + 1
+    assert (root_after.mtime.sec, root_after.mtime.nsec) >= (
+        root_before.mtime.sec,
+        root_before.mtime.nsec,
+    )
+    for i in range(store._DECODED_MAX + 10):  # distinct stored bytes each time
+        op.setattr(
+            meta_pb2.SetAttrRequest(
+                user=ROOT,
+                request_id=f"t{i}",
+                inode=ino,
+                mode=0o600 | (i & 0o77),
+                valid=meta_pb2.SETATTR_MODE,
+            )
+        )
+        op.read_once("getattr", get)
+        if i % 64 == 0:
+            op.read_once("getattr", meta_pb2.GetAttrRequest(user=ROOT, inode=1))
+    assert len(store._decoded) <= store._DECODED_MAX
+
+
+def test_lookup_is_two_point_reads_without_parent_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lookup reads [parent record, entry] then [child record, child times, entry]:
+    never the parent's times key, and no transaction."""
     from fs3.meta import schema as S
 
     op = _op()
@@ -70,25 +162,90 @@ def test_lookup_reads_no_parent_times(monkeypatch: pytest.MonkeyPatch) -> None:
     sub = op.mkdir(
         meta_pb2.MkdirRequest(user=ROOT, request_id="s", parent=d.attr.inode, name=b"s", mode=0o755)
     )
-    keys: list[bytes] = []
-    real = Transaction.get
-
-    def spy(self: Transaction, key: bytes, *, snapshot: bool = False) -> bytes | None:
-        keys.append(key)
-        return real(self, key, snapshot=snapshot)
-
-    monkeypatch.setattr(Transaction, "get", spy)
-    r = op.read_once("lookup", meta_pb2.LookupRequest(user=ROOT, parent=d.attr.inode, name=b"s"))
-    assert r.attr.inode == sub.attr.inode
-    assert S.dir_times_key(d.attr.inode) not in keys
-    assert len(keys) == 4  # parent record, entry, child record, child's times (a directory)
+    calls = _spy_point_reads(monkeypatch, op)
+    di, si = d.attr.inode, sub.attr.inode
+    r = op.read_once("lookup", meta_pb2.LookupRequest(user=ROOT, parent=di, name=b"s"))
+    assert r.attr.inode == si
+    entry = S.dentry_key(di, b"s")
+    assert calls == [
+        [S.inode_key(di), entry],
+        [S.inode_key(si), S.dir_times_key(si), entry],
+    ]
     # the child directory's times are still read and returned
     assert r.attr.mtime == sub.attr.mtime and r.attr.ctime == sub.attr.ctime
-    # "." returns the directory itself: with its times
-    dot = op.read_once(
-        "lookup", meta_pb2.LookupRequest(user=ROOT, parent=sub.attr.inode, name=b".")
-    )
+    # "." returns the directory itself: with its times; ".." its parent
+    dot = op.read_once("lookup", meta_pb2.LookupRequest(user=ROOT, parent=si, name=b"."))
     assert dot.attr.mtime == sub.attr.mtime and dot.attr.ctime == sub.attr.ctime
+    up = op.read_once("lookup", meta_pb2.LookupRequest(user=ROOT, parent=si, name=b".."))
+    assert up.attr.inode == di
+
+
+def test_lookup_errors_keep_their_order() -> None:
+    """The parent's errors (ENOENT, ENOTDIR, EACCES) come before the name's, as in a transaction."""
+    op = _op()
+    d = op.mkdir(meta_pb2.MkdirRequest(user=ROOT, request_id="d", parent=1, name=b"d", mode=0o700))
+    ln = op.symlink(
+        meta_pb2.SymlinkRequest(user=ROOT, request_id="l", parent=1, name=b"l", target=b"/t")
+    )
+    user = common_pb2.UserInfo(uid=1000, gid=1000)
+    cases = [
+        (ROOT, 0, b"x", errno.EINVAL),
+        (ROOT, 424242, b"x", errno.ENOENT),
+        (ROOT, 424242, b"a/b", errno.ENOENT),  # the parent first, then the bad name
+        (ROOT, ln.attr.inode, b"x", errno.ENOTDIR),
+        (ROOT, ln.attr.inode, b".", errno.ENOTDIR),
+        (user, d.attr.inode, b"x", errno.EACCES),
+        (user, d.attr.inode, b"x" * 300, errno.EACCES),
+        (user, d.attr.inode, b"..", errno.EACCES),
+        (ROOT, d.attr.inode, b"x" * 300, errno.ENAMETOOLONG),
+        (ROOT, d.attr.inode, b"a/b", errno.EINVAL),
+        (ROOT, d.attr.inode, b"missing", errno.ENOENT),
+    ]
+    for who, parent, name, want in cases:
+        with pytest.raises(FsError) as ei:
+            op.read_once("lookup", meta_pb2.LookupRequest(user=who, parent=parent, name=name))
+        assert ei.value.errno == want, (parent, name)
+        with pytest.raises(FsError) as ei:  # the retrying path answers alike
+            op.lookup(meta_pb2.LookupRequest(user=who, parent=parent, name=name))
+        assert ei.value.errno == want, (parent, name)
+
+
+def test_lookup_resolves_again_when_the_entry_changes_between_its_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rename between the two reads: the answer is never the old inode under the new binding."""
+    from fs3.meta.ops import attrs
+
+    op = _op()
+    a = op.mkdir(meta_pb2.MkdirRequest(user=ROOT, request_id="a", parent=1, name=b"a", mode=0o755))
+    b = op.mkdir(meta_pb2.MkdirRequest(user=ROOT, request_id="b", parent=1, name=b"b", mode=0o755))
+    real = type(op.db).snapshot_get
+    n = [0]
+
+    def racing(self: object, keys: list[bytes]) -> list[bytes | None]:
+        n[0] += 1
+        if n[0] == 2:  # between read 1 and read 2: "b" replaces "a"
+            op.rename(
+                meta_pb2.RenameRequest(
+                    user=ROOT, request_id="r", parent=1, name=b"b", new_parent=1, new_name=b"a"
+                )
+            )
+        return real(self, keys)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(op.db), "snapshot_get", racing)
+    r = op.read_once("lookup", meta_pb2.LookupRequest(user=ROOT, parent=1, name=b"a"))
+    assert r.attr.inode == b.attr.inode != a.attr.inode
+    assert n[0] == 4  # read 1, read 2 (changed), read 1 again, read 2
+
+    def always(self: object, keys: list[bytes]) -> list[bytes | None]:
+        out = real(self, keys)  # type: ignore[arg-type]
+        return out[:-1] + [b"changed"] if len(keys) == 3 else out
+
+    monkeypatch.setattr(type(op.db), "snapshot_get", always)
+    with pytest.raises(FsError) as ei:
+        op.read_once("lookup", meta_pb2.LookupRequest(user=ROOT, parent=1, name=b"a"))
+    assert ei.value.retryable
+    assert attrs.LOOKUP_POINT_ATTEMPTS > 1
 
 
 def test_lookup_path_directories_keep_their_times() -> None:

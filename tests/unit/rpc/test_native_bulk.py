@@ -107,6 +107,19 @@ def _read_req(*ranges: tuple[int, int]) -> Any:
     return req
 
 
+async def _write_and_read(stub: Any, src: bytearray) -> None:
+    """A 3 MiB + 5 write and a 2 MiB read into one buffer, checked byte for byte."""
+    # write: the payload goes out from the caller's buffer, the server sees it whole
+    data = memoryview(src)[: 3 * MIB + 5]
+    r = await call(stub.Write, storage_pb2.WriteRequest(), timeout=10, payload=data)
+    assert r.result.length == len(data) and r.result.checksum == crc32c.crc32c(data)
+    # read into one buffer: returns (response, payload length)
+    dest = memoryview(bytearray(2 * MIB))
+    resp, n = await call(stub.BatchRead, _read_req((100, 2 * MIB)), timeout=10, into=dest)
+    assert n == 2 * MIB and dest == memoryview(src)[100 : 100 + 2 * MIB]
+    assert resp.results[0].length == 2 * MIB
+
+
 @pytest.mark.parametrize("uds", [True, False], ids=["native-uds", "native-tcp"])
 def test_payload_round_trips_into_given_buffers(uds: bool) -> None:
     async def main() -> None:
@@ -115,15 +128,7 @@ def test_payload_round_trips_into_given_buffers(uds: bool) -> None:
             pool = ChannelPool("native")
             stub = storage_pb2_grpc.StorageServiceStub(pool.get(node.address))
             src = node.storage.source
-            # write: the payload goes out from the caller's buffer, the server sees it whole
-            data = memoryview(src)[: 3 * MIB + 5]
-            r = await call(stub.Write, storage_pb2.WriteRequest(), timeout=10, payload=data)
-            assert r.result.length == len(data) and r.result.checksum == crc32c.crc32c(data)
-            # read into one buffer: returns (response, payload length)
-            dest = memoryview(bytearray(2 * MIB))
-            resp, n = await call(stub.BatchRead, _read_req((100, 2 * MIB)), timeout=10, into=dest)
-            assert n == 2 * MIB and dest == memoryview(src)[100 : 100 + 2 * MIB]
-            assert resp.results[0].length == 2 * MIB
+            await _write_and_read(stub, src)
             # scatter: each io's bytes land in its own buffer (laid out from the answer)
             bufs = [memoryview(bytearray(k)) for k in (4096, 1 * MIB, 7, 64 * 1024)]
             ranges = [(0, 4096), (5000, 1 * MIB), (3 * MIB, 7), (0, 0), (9, 64 * 1024)]
@@ -411,5 +416,56 @@ def test_reads_after_the_receive_buffer_grew_land_in_the_grown_buffer() -> None:
         assert n == wire.RECV_BUFFER_BYTES // 4096
         feed(r, wire.pack(wire.CALL, wire.HAS_MESSAGE, 1, 7777, 0, b"after"))
         assert got[n:] == [7777]
+
+    run(main())
+
+
+def test_tcp_payloads_wake_the_reader_once_whole_and_the_mark_comes_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Over TCP a large payload sets SO_RCVLOWAT to its bytes still to come, on the
+    receiving side (server for a write, client for a read), and 1 again once it is in:
+    small calls after it are answered at once, the bytes are intact."""
+    import socket
+
+    from fs3.rpc.native import wire
+
+    marks: list[tuple[str, int]] = []
+    watched: list[Any] = []
+    real_set = wire.FrameReceiver._set_lowat
+    real_watch = wire.FrameReceiver.watch_payloads
+
+    def set_spy(self: Any, n: int) -> None:
+        real_set(self, n)
+        marks.append((type(self).__name__, self._lowat))  # the mark set
+
+    def watch_spy(self: Any, sock: Any) -> None:
+        real_watch(self, sock)
+        watched.append(self)
+
+    monkeypatch.setattr(wire.FrameReceiver, "_set_lowat", set_spy)
+    monkeypatch.setattr(wire.FrameReceiver, "watch_payloads", watch_spy)
+
+    async def main() -> None:
+        settings.configure(RpcSection(unix_sockets=False))
+        async with Node() as node:
+            pool = ChannelPool("native")
+            stub = storage_pb2_grpc.StorageServiceStub(pool.get(node.address))
+            src = node.storage.source
+            await _write_and_read(stub, src)
+            for _ in range(3):  # small ones after: nobody waits for bytes that never come
+                r = await call(stub.Write, storage_pb2.WriteRequest(), timeout=5, payload=b"x")
+                assert r.result.length == 1
+                small = memoryview(bytearray(10))
+                _, n = await call(stub.BatchRead, _read_req((0, 10)), timeout=5, into=small)
+                assert n == 10 and small == memoryview(src)[:10]
+            sides = {who for who, n in marks if n >= wire.LOWAT_MIN}
+            assert sides == {"ServerConnection", "ClientConnection"}, marks
+            assert max(n for _, n in marks) == wire.LOWAT_MAX  # the 3 MiB write, capped
+            assert len(watched) == 2
+            for conn in watched:
+                assert conn._lowat == 1
+                assert conn._lowat_sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+            await pool.close()
 
     run(main())
