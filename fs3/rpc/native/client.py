@@ -151,7 +151,7 @@ class ClientConnection(FrameReceiver):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             _keepalive(sock)
-            self.watch_payloads(sock)
+            self.watch_payloads(sock, tls=transport.get_extra_info("ssl_object") is not None)
         wire.size_unix_send_buffer(sock, self.channel.write_buffer_bytes)
         transport.set_write_buffer_limits(high=self.channel.write_buffer_bytes)
         token = self.channel.token

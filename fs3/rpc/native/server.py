@@ -368,7 +368,7 @@ class ServerConnection(FrameReceiver):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.watch_payloads(sock)
+            self.watch_payloads(sock, tls=transport.get_extra_info("ssl_object") is not None)
         wire.size_unix_send_buffer(sock, self._lim.write_buffer_bytes)
         transport.set_write_buffer_limits(high=self._lim.write_buffer_bytes)
         self.server._connections.add(self)

@@ -469,7 +469,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
             self._payload_left = len(self._direct) + sum(len(v) for v in views)
             self._set_lowat(self._payload_left)
 
-    def watch_payloads(self, sock: Any) -> None:
+    def watch_payloads(self, sock: Any, *, tls: bool) -> None:
         """Receive large payloads on TCP ``sock`` in one wake-up each, not one per segment burst.
 
         While a payload of :data:`LOWAT_MIN` bytes or more is received, the
@@ -486,8 +486,16 @@ class FrameReceiver(asyncio.BufferedProtocol):
         rounds, benchmarks/results/rpc-20261202-3.md): 0.88-1.11x
         the plain loop both ways, against 0.33-0.70x without. Unix sockets
         ignore the mark in poll, so only TCP sockets are watched.
+
+        Never under TLS (``tls``): the mark counts bytes in the kernel, which
+        are ciphertext, while the payload left counts plaintext, and the TLS
+        layer may already hold part of a record it has read; the bytes still to
+        arrive can then be fewer than the mark, and the reader would never be
+        woken. The receive buffer needs no cap of the mark: fs3 never sets
+        ``SO_RCVBUF`` (which would lock it), and Linux grows an unlocked buffer to
+        hold a mark when it is set (``tcp_set_rcvlowat``).
         """
-        if _SO_RCVLOWAT is None or sock is None:
+        if _SO_RCVLOWAT is None or sock is None or tls:
             return
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             self._lowat_sock = sock

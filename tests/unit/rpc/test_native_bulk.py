@@ -439,8 +439,8 @@ def test_tcp_payloads_wake_the_reader_once_whole_and_the_mark_comes_back(
         real_set(self, n)
         marks.append((type(self).__name__, self._lowat))  # the mark set
 
-    def watch_spy(self: Any, sock: Any) -> None:
-        real_watch(self, sock)
+    def watch_spy(self: Any, sock: Any, *, tls: bool) -> None:
+        real_watch(self, sock, tls=tls)
         watched.append(self)
 
     monkeypatch.setattr(wire.FrameReceiver, "_set_lowat", set_spy)
@@ -466,6 +466,44 @@ def test_tcp_payloads_wake_the_reader_once_whole_and_the_mark_comes_back(
             for conn in watched:
                 assert conn._lowat == 1
                 assert conn._lowat_sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+            await pool.close()
+
+    run(main())
+
+
+def test_tls_payloads_are_received_without_a_low_water_mark(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under TLS the kernel holds ciphertext, and the TLS layer may keep part of a
+    record it already read: a mark of the plaintext still to come could exceed the
+    bytes that will ever arrive, and the reader would never wake. So TLS connections
+    are not watched, and megabyte payloads go both ways."""
+    from fs3.rpc import auth
+    from fs3.rpc.native import wire
+    from fs3.security import tls
+
+    watched: list[Any] = []
+    real_watch = wire.FrameReceiver.watch_payloads
+
+    def watch_spy(self: Any, sock: Any, *, tls: bool) -> None:
+        real_watch(self, sock, tls=tls)
+        watched.append((tls, self))
+
+    monkeypatch.setattr(wire.FrameReceiver, "watch_payloads", watch_spy)
+    ca, _ = tls.ensure_ca(tmp_path / "tls")
+    cert, key = tls.issue(tmp_path / "tls", "node-1")
+
+    async def main() -> None:
+        settings.configure(RpcSection(unix_sockets=False))
+        async with Node(
+            RpcSection(unix_sockets=False, tls_cert=str(cert), tls_key=str(key))
+        ) as node:
+            pool = ChannelPool("native", credential=auth.Credential(tls_ca=str(ca)))
+            stub = storage_pb2_grpc.StorageServiceStub(pool.get(node.address))
+            for _ in range(3):
+                await _write_and_read(stub, node.storage.source)
+            assert len(watched) == 2 and all(t for t, _ in watched), watched
+            assert all(conn._lowat_sock is None for _, conn in watched)
             await pool.close()
 
     run(main())
