@@ -82,13 +82,28 @@ from fs3.kv.database import BufferedWritesTransaction, Database, KeyValue, Trans
 
 Range = tuple[bytes, bytes]
 
+# What a process of an earlier release gets for each commit on an upgraded file.
+KV_LOG_RETIRED = (
+    "this KV file was upgraded to the kv_commits log of a newer fs3: "
+    "run every process that uses it on that release"
+)
+
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID",
     "CREATE TABLE IF NOT EXISTS kv_commits "
     "(version INTEGER PRIMARY KEY, ranges BLOB NOT NULL, ts REAL NOT NULL)",
-    # the commit log of earlier releases (a row per key and an index): its versions
-    # continue from kv_meta's; the ranges only mattered to transactions then in flight
-    "DROP TABLE IF EXISTS kv_log",
+    # The commit log of earlier releases (a row per key and an index). Its versions
+    # continue from kv_meta's, and its rows only mattered to transactions then in
+    # flight, so they go. The table itself stays, retired: a process of an earlier
+    # release on the same file (a rolling restart) would log its commits there,
+    # unseen by this release's conflict checks (and this release's commits unseen
+    # by its own): lost updates. Its every commit is rolled back whole instead,
+    # with a message that says why.
+    "CREATE TABLE IF NOT EXISTS kv_log "
+    "(version INTEGER NOT NULL, b BLOB NOT NULL, e BLOB NOT NULL, ts REAL NOT NULL)",
+    "DELETE FROM kv_log",
+    "CREATE TRIGGER IF NOT EXISTS kv_log_retired BEFORE INSERT ON kv_log BEGIN "
+    f"SELECT RAISE(ROLLBACK, '{KV_LOG_RETIRED}'); END",
     "CREATE TABLE IF NOT EXISTS kv_meta (id INTEGER PRIMARY KEY CHECK (id = 0), "
     "version INTEGER NOT NULL, trimmed INTEGER NOT NULL)",
     "INSERT OR IGNORE INTO kv_meta (id, version, trimmed) VALUES (0, 0, 0)",
