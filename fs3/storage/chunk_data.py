@@ -514,11 +514,14 @@ class ChunkDataStore:
             return False
         try:
             done = 0
+            went_direct = False  # counted: the disk was read with O_DIRECT
             if direct:
                 try:
                     done = _preadv_nowait(fd, view, offset)
                 except BlockingIOError:
-                    direct = _set_direct(fd, True)
+                    direct = went_direct = _set_direct(fd, True)
+                else:
+                    direct = False  # the page cache had it all (or the rest: buffered)
             while done < len(view):
                 if nowait:
                     k = _preadv_nowait(fd, view[done:], offset + done)
@@ -528,7 +531,7 @@ class ChunkDataStore:
                     except OSError as e:
                         if not direct or e.errno != _errno.EINVAL:
                             raise
-                        direct = _set_direct(fd, False)  # refused here: buffered
+                        direct = went_direct = _set_direct(fd, False)  # refused: buffered
                         continue
                 if k == 0:
                     break
@@ -543,7 +546,7 @@ class ChunkDataStore:
             os.close(fd)
         if done != len(view):
             raise checksum_mismatch(f"chunk {what}: data file truncated")
-        if direct:
+        if went_direct:
             self.direct_reads += 1
         return True
 

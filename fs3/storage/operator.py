@@ -401,8 +401,9 @@ class StorageOperator:
             elif pool is not None:
                 pool.close()  # type: ignore[attr-defined]  # a coroutine never awaited
             for b in blocked:
-                if b.view is not None:
-                    _release(b.view)
+                v = b.view  # read once: a pool thread still running may drop it meanwhile
+                if v is not None:
+                    _release(v)
             raise
         self._count_reads(served, started)
         if reply is not None and slots is not None:
