@@ -51,8 +51,9 @@ READ_STREAM_MAX_BYTES = 4 * MAX_READ_BATCH_BYTES
 INLINE_READ_MAX = (
     64 << 10
 )  # reads up to this size try the page cache on the event loop (RWF_NOWAIT)
-# Reads of one request that need the disk go to the I/O pool this many per job: one
-# thread hop per group instead of per read, several groups of a batch in flight at once.
+# Small reads of one request that need the disk go to the I/O pool this many per job:
+# one thread hop per group instead of per read, several groups of a batch in flight at
+# once (large reads go one per job: _read_groups).
 READ_GROUP = 4
 # After this many page-cache misses in a row only one small read in _COLD_PROBE tries
 # the page cache on the loop (see StorageOperator._try_cache).
@@ -174,6 +175,22 @@ def _read_group(group: list[_Blocked]) -> list[Any]:
         except Exception as e:  # that read's alone: the others of the group go on
             out.append(e)
     return out
+
+
+def _read_groups(blocked: list[_Blocked]) -> list[list[_Blocked]]:
+    """The I/O pool jobs of a request's disk reads: small ones :data:`READ_GROUP` per
+    job, each large one (over :data:`INLINE_READ_MAX`) alone.
+
+    Why apart: grouping pays where the thread hop costs more than the read (4 KiB);
+    a large read costs the disk far more than the hop, and reads of one job run one
+    after another, so grouping them would cut the disk's queue depth (sequential
+    USRBIO and checkpoint loads send a few MiB-sized reads per request).
+    """
+    small = [b for b in blocked if b.io.length <= INLINE_READ_MAX]
+    groups = [small[k : k + READ_GROUP] for k in range(0, len(small), READ_GROUP)]
+    if len(small) < len(blocked):
+        groups.extend([b] for b in blocked if b.io.length > INLINE_READ_MAX)
+    return groups
 
 
 async def _one(job: Awaitable[list[Any]]) -> list[list[Any]]:
@@ -382,8 +399,7 @@ class StorageOperator:
         pool: Awaitable[list[list[Any]]] | None = None
         groups: list[list[_Blocked]] = []
         if blocked:
-            step = READ_GROUP
-            groups = [blocked[k : k + step] for k in range(0, len(blocked), step)]
+            groups = _read_groups(blocked)
             if len(groups) == 1 and not hits:  # one job (a lone read): no task around it
                 pool = _one(self.rep.run_blocking(_read_group, groups[0]))
             else:  # the disk reads start before the page-cache hits are answered

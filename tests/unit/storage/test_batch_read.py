@@ -138,6 +138,24 @@ def test_disk_reads_of_a_batch_go_to_the_pool_in_groups(tmp_path: Path) -> None:
         rep.executor.shutdown()
 
 
+def test_large_disk_reads_go_one_per_job_so_the_disk_sees_them_together(tmp_path: Path) -> None:
+    """A job's reads run one after another: grouping MiB-sized reads would cut the
+    disk's queue depth, so each large read is a job of its own (small ones still
+    share jobs)."""
+    op, e, rep, data = _setup(tmp_path)
+    try:
+        big = O.INLINE_READ_MAX * 2
+        ios = [_io(k * big, big) for k in range(3)] + [_io(k * 4096, 4096) for k in range(5)]
+        resp = asyncio.run(op.batch_read(storage_pb2.BatchReadRequest(ios=ios)))
+        assert rep.jobs == 3 + -(-5 // O.READ_GROUP)
+        for io, r in zip(ios, resp.results, strict=True):
+            assert not r.error.code
+            assert r.data == data[io.offset : io.offset + io.length]
+    finally:
+        e.close()
+        rep.executor.shutdown()
+
+
 def test_shared_memory_destinations_are_read_in_place(tmp_path: Path) -> None:
     payload = _ShmPayload(8 * 4096)
     op, e, rep, data = _setup(tmp_path, payload)
