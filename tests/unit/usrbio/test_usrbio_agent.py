@@ -482,11 +482,17 @@ def test_crashed_application_is_reclaimed(env: AgentEnv) -> None:
         )  # the agent removed its files
         assert env.agent.stats["ios"] >= 1
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait(10)
-        for leftover in glob.glob(f"/dev/shm/fs3-io[rv]-{p.pid}-*"):
-            os.unlink(leftover)
+        _reap(p)
+
+
+def _reap(p: subprocess.Popen[Any]) -> None:
+    """Kill the application process ``p`` if it still runs, reap it, and remove any
+    Iov/Ior file of its pid (only a failing test leaves one)."""
+    if p.poll() is None:
+        p.kill()
+    p.wait(10)
+    for leftover in glob.glob(f"/dev/shm/fs3-io[rv]-{p.pid}-*"):
+        os.unlink(leftover)
 
 
 _APP_RW = """
@@ -535,11 +541,7 @@ def test_iov_file_gone_once_mapped_so_no_exit_leaks_it() -> None:
             assert glob.glob(f"/dev/shm/fs3-io[rv]-{p.pid}-*") == []
         finally:
             if p is not None:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait(10)
-                for leftover in glob.glob(f"/dev/shm/fs3-io[rv]-{p.pid}-*"):
-                    os.unlink(leftover)
+                _reap(p)
 
 
 _APP_SELF_KILL = """
@@ -572,11 +574,7 @@ def test_killed_child_not_yet_reaped_leaves_no_iov_file(env: AgentEnv) -> None:
         _until(lambda: env.agent.iov_count == 0)  # dropped while the child is a zombie
         assert glob.glob(f"/dev/shm/fs3-iov-{p.pid}-*") == []
     finally:
-        if p.poll() is None:
-            p.kill()
-        p.wait(10)
-        for leftover in glob.glob(f"/dev/shm/fs3-io[rv]-{p.pid}-*"):
-            os.unlink(leftover)
+        _reap(p)
 
 
 _AGENT = """
