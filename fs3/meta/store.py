@@ -10,7 +10,7 @@ read everything they depend on with conflict so concurrent changes serialize.
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fs3.errors import posix
 from fs3.kv import Database, Transaction
@@ -27,6 +27,9 @@ class Inode:
 
     attr: meta_pb2.Attr
     symlink_target: bytes = b""
+    # the serialized AttrResponse of a SHARED node (decode_inode's), built once:
+    # fs3.meta.ops.attrs answers getattr and lookup from it
+    public: bytes | None = field(default=None, repr=False, compare=False)
 
     @property
     def ino(self) -> int:

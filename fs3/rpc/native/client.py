@@ -418,22 +418,28 @@ class ClientConnection(FrameReceiver):
             if deadline < self._sweep_at:
                 self.arm_deadline(deadline)
         slot = False
+        waited = False
         try:
             if self._inflight >= self.channel.max_inflight_calls:
+                waited = True
                 await self._acquire_slot(fut)
             else:
                 self._inflight += 1
             slot = True
             if self._write_paused:
+                waited = True
                 await self.writable(fut)
             t = self.transport
             if t is None or self.closed:
                 raise _unavailable(self.channel.address, "connection closed")
-            if fut.done():  # failed (deadline) just as the wait ended
-                fut.result()
             tmo = 0
-            if timeout is not None:
-                tmo = max(1, int((deadline - loop.time()) * 1000))  # what remains
+            if waited:
+                if fut.done():  # failed (deadline) just as the wait ended
+                    fut.result()
+                if timeout is not None:
+                    tmo = max(1, int((deadline - loop.time()) * 1000))  # what remains
+            elif timeout is not None:  # sent at once: all of it (no second clock read)
+                tmo = max(1, int(timeout * 1000))
             pending[rid] = fut
             if into is not None:
                 self._dests[rid] = into

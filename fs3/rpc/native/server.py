@@ -443,6 +443,10 @@ class ServerConnection(FrameReceiver):
             data = preface + bytes(self._buf[self._start : self._end])
             self._start = self._end = 0
             self._relay = GrpcRelay(self, self.server.grpc_relay_path, data)
+            # every later byte goes to the relay as it arrives; no override of the
+            # receiving methods, so native connections pay nothing for the relay
+            self._broken = True
+            self._divert = self._relay.forward
             return False
         raise ProtocolViolation(f"not an fs3 connection (starts with {preface!r})")
 
@@ -455,17 +459,6 @@ class ServerConnection(FrameReceiver):
         if kind == CALL and length >= MIN_CLASS:
             return self.server.payload_pool.take(length)
         return memoryview(bytearray(length))
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        if self._relay is not None:
-            return self._view
-        return super().get_buffer(sizehint)
-
-    def buffer_updated(self, nbytes: int) -> None:
-        if self._relay is not None:
-            self._relay.forward(bytes(self._view[:nbytes]))
-            return
-        super().buffer_updated(nbytes)
 
     # -- frames ---------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ import logging
 import math
 import socket
 import struct
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("fs3.rpc.native")
@@ -152,7 +153,10 @@ class FrameReceiver(asyncio.BufferedProtocol):
         self._held_payload: Payload | None = None
         self._scatter: list[memoryview] = []  # buffers of a scattered payload still to fill
         self._preface_needed = self.expect_preface
+        # no frame is parsed any more: a malformed stream, a closed connection, or
+        # one whose bytes now go to ``_divert`` as they arrive (the server's gRPC relay)
         self._broken = False
+        self._divert: Callable[[bytes], None] | None = None
         # set by a subclass that has stopped reading (flow control): frames
         # already buffered wait too, until it calls resume_parsing()
         self._parse_paused = False
@@ -310,6 +314,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         end = self._end
         if end == 0 and self._direct is None:
+            # (also every read once the stream is diverted: nothing is kept then)
             return self._idle_view  # the usual case: every byte received so far is parsed
         if self._direct is not None:
             return self._direct[self._direct_pos :]
@@ -332,6 +337,8 @@ class FrameReceiver(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._broken:
+            if self._divert is not None:  # (received at the start of the buffer: see get_buffer)
+                self._divert(bytes(self._view[:nbytes]))
             return
         self._lone = True
         try:

@@ -20,7 +20,8 @@ from test_native import TRANSPORTS, _pool, _restore_settings  # noqa: F401 (a fi
 from fs3.config import RpcSection
 from fs3.errors import Code, FsError
 from fs3.proto import mgmtd_pb2, mgmtd_pb2_grpc
-from fs3.rpc.channel import call
+from fs3.rpc import settings
+from fs3.rpc.channel import ChannelPool, call
 from fs3.rpc.loop import run
 from fs3.rpc.server import add_servicer, bind, create_server
 
@@ -104,19 +105,34 @@ class Handlers(mgmtd_pb2_grpc.MgmtdServiceServicer):
             async with asyncio.timeout(5):
                 async with self.lock:
                     return mgmtd_pb2.HeartbeatResponse(last_hb_version=12)
+        if n == 13:  # the deadline the call arrived with, in ms
+            left = context.time_remaining()
+            return mgmtd_pb2.HeartbeatResponse(last_hb_version=int(left * 1000))
+        if n == 14:  # holds its caller's call slot until released
+            self.holding.set()
+            await self.released.wait()
+            return mgmtd_pb2.HeartbeatResponse(last_hb_version=14)
         if n == 9:  # fails after a suspension
             await asyncio.sleep(0)
             raise FsError(Code.INVALID_ARGUMENT, "bad later")
         return mgmtd_pb2.HeartbeatResponse(last_hb_version=n)
 
 
-async def _serve(transport: str) -> tuple[Handlers, Any, Any, Any]:
+async def _serve(
+    transport: str, client: RpcSection | None = None
+) -> tuple[Handlers, Any, Any, Any]:
+    """Handlers on a real server, and a stub over ``transport`` (``client``: a native
+    pool with these settings instead)."""
     handlers = Handlers()
     server = create_server(RpcSection())
     add_servicer(server, mgmtd_pb2_grpc.add_MgmtdServiceServicer_to_server, handlers)
     port = bind(server, "127.0.0.1", 0)
     await server.start()
-    pool = _pool(transport)
+    if client is None:
+        pool = _pool(transport)
+    else:
+        settings.configure(client)
+        pool = ChannelPool("native")
     return handlers, server, pool, mgmtd_pb2_grpc.MgmtdServiceStub(pool.get(f"127.0.0.1:{port}"))
 
 
@@ -230,6 +246,37 @@ def test_a_cancel_read_with_its_call_still_ends_the_handler() -> None:
             assert all(c._inflight_bytes == 0 for c in conns)
         finally:
             writer.close()
+            await pool.close()
+            await server.stop(0)
+
+    run(main())
+
+
+def test_a_call_carries_its_whole_timeout_or_what_remains_after_waiting() -> None:
+    """A call sent at once carries its whole timeout (no second clock read); one
+    that waited for a call slot carries only what was left of it when it went."""
+
+    async def main() -> None:
+        one_slot = RpcSection(unix_sockets=False, max_inflight_calls=1)
+        handlers, server, pool, stub = await _serve("native-tcp", client=one_slot)
+
+        async def hb(n: int, timeout: float) -> int:  # noqa: ASYNC109
+            r = await call(stub.Heartbeat, mgmtd_pb2.HeartbeatRequest(node_id=n), timeout=timeout)
+            return int(r.last_hb_version)
+
+        try:
+            assert 2000 < await hb(13, 2.5) <= 2500
+            slot = asyncio.create_task(hb(14, 10))
+            async with asyncio.timeout(10):
+                await handlers.holding.wait()
+            waiting = asyncio.create_task(hb(13, 3.0))
+            await asyncio.sleep(0.6)  # the wait being measured, not a guess at an event
+            assert not waiting.done()
+            handlers.released.set()
+            assert await slot == 14
+            left = await waiting
+            assert 0 < left <= 2500, left
+        finally:
             await pool.close()
             await server.stop(0)
 
