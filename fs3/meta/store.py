@@ -64,8 +64,23 @@ def read_inode(db: Database, ino: int) -> Inode | None:
     (stat after stat) skips the protobuf parse and the times decode, and a
     changed one has other bytes and so decodes afresh. Nothing can go stale.
     """
-    raw, raw_times = db.snapshot_get((S.inode_key(ino), S.dir_times_key(ino)))
+    raw, raw_times = db.snapshot_get(inode_keys(ino))
     return None if raw is None else decode_inode(raw, raw_times)
+
+
+_KEYS_MAX = 4096  # inode_keys' memo (entries, then it starts afresh)
+_keys: dict[int, tuple[bytes, bytes]] = {}
+
+
+def inode_keys(ino: int) -> tuple[bytes, bytes]:
+    """The record and times keys of inode ``ino``, memoized: a point read of an inode
+    read before (stat after stat) encodes nothing (keys never change)."""
+    keys = _keys.get(ino)
+    if keys is None:
+        if len(_keys) >= _KEYS_MAX:
+            _keys.clear()
+        keys = _keys[ino] = (S.inode_key(ino), S.dir_times_key(ino))
+    return keys
 
 
 def decode_inode(raw: bytes, raw_times: bytes | None) -> Inode:

@@ -29,7 +29,7 @@ from fs3.meta import perms
 from fs3.meta import schema as S
 from fs3.meta.layout import validate_layout
 from fs3.meta.ops.common import OpCtx, search_dir, touch
-from fs3.meta.store import Inode, MetaTxn, decode_inode, read_inode
+from fs3.meta.store import Inode, MetaTxn, decode_inode, inode_keys, read_inode
 from fs3.proto import common_pb2, meta_pb2
 
 READDIR_DEFAULT = 1024
@@ -107,7 +107,7 @@ def _lookup_point(db: Database, user: common_pb2.UserInfo, parent_ino: int, name
         if raw_entry is None:
             raise posix(errno.ENOENT, f"{name!r} not found in directory {parent_ino}")
         ino = S.decode_dentry(raw_entry)[0]
-        raw, raw_times, again = db.snapshot_get((S.inode_key(ino), S.dir_times_key(ino), ekey))
+        raw, raw_times, again = db.snapshot_get((*inode_keys(ino), ekey))
         if again != raw_entry:
             continue  # renamed or removed in between: resolve the name again
         if raw is None:

@@ -54,3 +54,11 @@ def test_a_changed_inode_is_answered_afresh() -> None:
     )
     assert op.read_once("getattr", get).attr.mode & 0o777 == 0o600
     assert op.read_once("lookup", lookup).attr.mode & 0o777 == 0o600
+
+
+def test_inode_keys_are_the_encoded_keys_and_the_memo_stays_bounded() -> None:
+    for ino in (1, 255, 256, 1 << 40):
+        assert store.inode_keys(ino) == (S.inode_key(ino), S.dir_times_key(ino))
+    for ino in range(store._KEYS_MAX + 10):
+        store.inode_keys(ino + 2)
+    assert len(store._keys) <= store._KEYS_MAX
