@@ -22,9 +22,11 @@ ENOSPC/EDQUOT are NO_SPACE, everything else INTERNAL with the errno kept
 from __future__ import annotations
 
 import builtins
+import ctypes
 import errno as _errno
 import fcntl
 import os
+import platform
 import secrets
 import struct
 import threading
@@ -500,14 +502,19 @@ class ChunkDataStore:
         ``BlockingIOError`` unless every byte is in the page cache.
 
         ``direct`` (a large read into page-aligned memory, offset on a page):
-        the page cache is asked first (``RWF_NOWAIT``: a cached chunk costs one
-        copy, as before); a miss reads the disk with ``O_DIRECT``, so the disk
-        DMAs into ``view`` (a client's registered memory) instead of the kernel
+        a range the page cache holds whole is copied from it (buffered, as
+        before); any other reads the disk with ``O_DIRECT``, so the disk DMAs
+        into ``view`` (a client's registered memory) instead of the kernel
         filling page-cache pages and copying them out, which cost the storage
         servers about a CPU-second per GiB of cold chunks (benchmarks/ckpt.py).
         The kernel writes back dirty cached pages of the range first, so the
         bytes are the same. Falls back to a buffered read where the file
-        system refuses ``O_DIRECT`` (tmpfs) or the alignment.
+        system refuses ``O_DIRECT`` (tmpfs) or the alignment. Whether the
+        range is cached is asked with ``cachestat`` (:func:`_all_cached`), not
+        with a ``RWF_NOWAIT`` read: that starts readahead of the range on a
+        miss, so the disk read every cold byte twice (once into the page
+        cache, once direct; benchmarks/ckpt_read_probe.py counts the disk's
+        requests).
         """
         fd = self._open_committed(rel, what)
         if fd is None:
@@ -516,12 +523,10 @@ class ChunkDataStore:
             done = 0
             went_direct = False  # counted: the disk was read with O_DIRECT
             if direct:
-                try:
-                    done = _preadv_nowait(fd, view, offset)
-                except BlockingIOError:
-                    direct = went_direct = _set_direct(fd, True)
+                if _all_cached(fd, offset, len(view)):
+                    direct = False  # one copy from the page cache
                 else:
-                    direct = False  # the page cache had it all (or the rest: buffered)
+                    direct = went_direct = _set_direct(fd, True)
             while done < len(view):
                 if nowait:
                     k = _preadv_nowait(fd, view[done:], offset + done)
@@ -611,6 +616,53 @@ def _set_direct(fd: int, on: bool) -> bool:
     except OSError:
         return False
     return on
+
+
+class _CacheRange(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _CacheStat(ctypes.Structure):
+    _fields_ = [
+        ("nr_cache", ctypes.c_uint64),
+        ("nr_dirty", ctypes.c_uint64),
+        ("nr_writeback", ctypes.c_uint64),
+        ("nr_evicted", ctypes.c_uint64),
+        ("nr_recently_evicted", ctypes.c_uint64),
+    ]
+
+
+# cachestat(2) (Linux 6.5): how many pages of a file range are in the page cache,
+# without reading anything. 451 in the syscall table every architecture shares;
+# only the two this runs on are listed (elsewhere: None, every large read goes direct).
+_CACHESTAT_NR = {"x86_64": 451, "aarch64": 451}.get(platform.machine())
+_libc: ctypes.CDLL | None = None
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _all_cached(fd: int, offset: int, length: int) -> bool:
+    """Whether every page of ``[offset, offset + length)`` of ``fd`` is in the page cache.
+
+    False where ``cachestat`` is missing (an older kernel, another
+    architecture): the caller then reads with ``O_DIRECT``, which returns the
+    same bytes (cached dirty pages are written back first), only not from memory.
+    """
+    global _libc, _CACHESTAT_NR
+    if _CACHESTAT_NR is None or length <= 0:
+        return False
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.syscall.restype = ctypes.c_long
+    rng = _CacheRange(offset, length)
+    st = _CacheStat()
+    if _libc.syscall(
+        ctypes.c_long(_CACHESTAT_NR), ctypes.c_int(fd), ctypes.byref(rng), ctypes.byref(st), 0
+    ):
+        if ctypes.get_errno() == _errno.ENOSYS:
+            _CACHESTAT_NR = None  # not in this kernel: never asked again
+        return False
+    pages = (offset + length - 1) // _PAGE - offset // _PAGE + 1
+    return int(st.nr_cache) >= pages
 
 
 def _preadv_nowait(fd: int, view: memoryview, offset: int) -> int:
