@@ -658,8 +658,8 @@ def _all_cached(fd: int, offset: int, length: int) -> bool:
     if _libc.syscall(
         ctypes.c_long(_CACHESTAT_NR), ctypes.c_int(fd), ctypes.byref(rng), ctypes.byref(st), 0
     ):
-        if ctypes.get_errno() == _errno.ENOSYS:
-            _CACHESTAT_NR = None  # not in this kernel: never asked again
+        if ctypes.get_errno() in (_errno.ENOSYS, _errno.EPERM):
+            _CACHESTAT_NR = None  # not in this kernel (or a seccomp filter): never asked again
         return False
     pages = (offset + length - 1) // _PAGE - offset // _PAGE + 1
     return int(st.nr_cache) >= pages
