@@ -26,9 +26,9 @@ import ctypes
 import errno as _errno
 import fcntl
 import os
-import platform
 import secrets
 import struct
+import sys
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -502,19 +502,14 @@ class ChunkDataStore:
         ``BlockingIOError`` unless every byte is in the page cache.
 
         ``direct`` (a large read into page-aligned memory, offset on a page):
-        a range the page cache holds whole is copied from it (buffered, as
-        before); any other reads the disk with ``O_DIRECT``, so the disk DMAs
-        into ``view`` (a client's registered memory) instead of the kernel
+        the page cache is asked first (``RWF_NOWAIT``: a cached chunk costs one
+        copy, as before); a miss reads the disk with ``O_DIRECT``, so the disk
+        DMAs into ``view`` (a client's registered memory) instead of the kernel
         filling page-cache pages and copying them out, which cost the storage
         servers about a CPU-second per GiB of cold chunks (benchmarks/ckpt.py).
         The kernel writes back dirty cached pages of the range first, so the
         bytes are the same. Falls back to a buffered read where the file
-        system refuses ``O_DIRECT`` (tmpfs) or the alignment. Whether the
-        range is cached is asked with ``cachestat`` (:func:`_all_cached`), not
-        with a ``RWF_NOWAIT`` read: that starts readahead of the range on a
-        miss, so the disk read every cold byte twice (once into the page
-        cache, once direct; benchmarks/ckpt_read_probe.py counts the disk's
-        requests).
+        system refuses ``O_DIRECT`` (tmpfs) or the alignment.
         """
         fd = self._open_committed(rel, what)
         if fd is None:
@@ -523,8 +518,16 @@ class ChunkDataStore:
             done = 0
             went_direct = False  # counted: the disk was read with O_DIRECT
             if direct:
-                if _all_cached(fd, offset, len(view)):
-                    direct = False  # one copy from the page cache
+                cached = _all_cached(fd, offset, len(view))
+                if cached is None:  # no cachestat: ask by reading (a miss starts readahead)
+                    try:
+                        done = _preadv_nowait(fd, view, offset)
+                    except BlockingIOError:
+                        direct = went_direct = _set_direct(fd, True)
+                    else:
+                        direct = False  # the page cache had it all (or the rest: buffered)
+                elif cached:
+                    direct = False
                 else:
                     direct = went_direct = _set_direct(fd, True)
             while done < len(view):
@@ -605,20 +608,7 @@ _CRC = struct.Struct("<I")
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
 
-def _set_direct(fd: int, on: bool) -> bool:
-    """Turn ``O_DIRECT`` on or off for ``fd``; whether it is on now (False where refused)."""
-    flag = getattr(os, "O_DIRECT", 0)
-    if not flag:
-        return False
-    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-    try:
-        fcntl.fcntl(fd, fcntl.F_SETFL, flags | flag if on else flags & ~flag)
-    except OSError:
-        return False
-    return on
-
-
-class _CacheRange(ctypes.Structure):
+class _CacheStatRange(ctypes.Structure):
     _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
 
 
@@ -632,37 +622,45 @@ class _CacheStat(ctypes.Structure):
     ]
 
 
-# cachestat(2) (Linux 6.5): how many pages of a file range are in the page cache,
-# without reading anything. 451 in the syscall table every architecture shares;
-# only the two this runs on are listed (elsewhere: None, every large read goes direct).
-_CACHESTAT_NR = {"x86_64": 451, "aarch64": 451}.get(platform.machine())
-_libc: ctypes.CDLL | None = None
+# cachestat(2) (Linux 6.5; the same number on every architecture since 6.x's
+# unified syscall table). 0 once the kernel said ENOSYS: then _all_cached cannot tell.
+_SYS_CACHESTAT = 451 if sys.platform == "linux" else 0
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+_libc = ctypes.CDLL(None, use_errno=True) if _SYS_CACHESTAT else None
 
 
-def _all_cached(fd: int, offset: int, length: int) -> bool:
-    """Whether every page of ``[offset, offset + length)`` of ``fd`` is in the page cache.
+def _all_cached(fd: int, offset: int, length: int) -> bool | None:
+    """Whether the page cache holds every page of [offset, offset + length) of ``fd``;
+    None where the kernel cannot tell without reading (no ``cachestat``).
 
-    False where ``cachestat`` is missing (an older kernel, another
-    architecture): the caller then reads with ``O_DIRECT``, which returns the
-    same bytes (cached dirty pages are written back first), only not from memory.
+    Why not ``preadv(RWF_NOWAIT)``: on a miss it still starts the file's readahead
+    before failing, so the O_DIRECT read that follows reads the range a second time
+    and the readahead reads up to the disk's ``read_ahead_kb`` more (measured: 2.5x
+    the bytes asked from the disk). ``cachestat`` only counts pages.
     """
-    global _libc, _CACHESTAT_NR
-    if _CACHESTAT_NR is None or length <= 0:
-        return False
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.syscall.restype = ctypes.c_long
-    rng = _CacheRange(offset, length)
+    global _SYS_CACHESTAT
+    if not _SYS_CACHESTAT or _libc is None:
+        return None
+    rng = _CacheStatRange(offset, length)
     st = _CacheStat()
-    if _libc.syscall(
-        ctypes.c_long(_CACHESTAT_NR), ctypes.c_int(fd), ctypes.byref(rng), ctypes.byref(st), 0
-    ):
-        if ctypes.get_errno() in (_errno.ENOSYS, _errno.EPERM):
-            _CACHESTAT_NR = None  # not in this kernel (or a seccomp filter): never asked again
+    if _libc.syscall(_SYS_CACHESTAT, fd, ctypes.byref(rng), ctypes.byref(st), 0) != 0:
+        if ctypes.get_errno() == _errno.ENOSYS:
+            _SYS_CACHESTAT = 0
+        return None
+    return st.nr_cache * _PAGE >= length
+
+
+def _set_direct(fd: int, on: bool) -> bool:
+    """Turn ``O_DIRECT`` on or off for ``fd``; whether it is on now (False where refused)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
         return False
-    pages = (offset + length - 1) // _PAGE - offset // _PAGE + 1
-    return int(st.nr_cache) >= pages
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags | flag if on else flags & ~flag)
+    except OSError:
+        return False
+    return on
 
 
 def _preadv_nowait(fd: int, view: memoryview, offset: int) -> int:

@@ -167,19 +167,23 @@ def test_cached_range_is_copied_from_the_page_cache(tmp_path: Path) -> None:
         e.close()
 
 
-def test_without_cachestat_large_reads_go_direct(
+def test_without_cachestat_the_cache_is_asked_by_reading(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A kernel without ``cachestat``: every large aligned read goes direct, cached or not,
-    with the same bytes."""
-    monkeypatch.setattr(chunk_data, "_CACHESTAT_NR", None)
+    """A kernel without ``cachestat``: the page cache is asked with a ``RWF_NOWAIT``
+    read, so a cold range still goes direct and a cached one is copied, the same
+    bytes either way."""
+    monkeypatch.setattr(chunk_data, "_SYS_CACHESTAT", 0)
     k = ChunkKey(13, 0)
     e, src, path = _committed(tmp_path, 15, k)
     dst = mmap.mmap(-1, CS)
     try:
-        with open(path, "rb") as f:  # all cached: still direct here
-            assert f.read() == src[:]
         view = memoryview(dst)
+        assert e.read_into(k, 0, CS, view)[1] == CS
+        assert e.data.direct_reads == 1 and dst[:] == src[:]
+        with open(path, "rb") as f:  # all cached now
+            assert f.read() == src[:]
+        dst[:] = bytes(CS)
         assert e.read_into(k, 0, CS, view)[1] == CS
         assert e.data.direct_reads == 1 and dst[:] == src[:]
         view.release()
