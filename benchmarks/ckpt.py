@@ -130,7 +130,14 @@ def fsync_path(p: str) -> None:
         os.close(fd)
 
 
-def usrbio_read(mount: str, path: str, iov: Any) -> float:
+def usrbio_read(
+    mount: str,
+    path: str,
+    iov: Any,
+    io_bytes: int = IO_BYTES,
+    inflight: int = INFLIGHT,
+    rings: int = RINGS,
+) -> float:
     """Seconds to read ``path`` once with USRBIO as fs3.ckpt's store does, minus everything else.
 
     Same I/O size (``IO_BYTES``: the store's ``READ_IO_BYTES``), rings (``RINGS``,
@@ -138,21 +145,22 @@ def usrbio_read(mount: str, path: str, iov: Any) -> float:
     buffer: no allocation, no copy, no CRC. If ``iov`` holds the whole file
     each I/O lands at its file offset (the bytes are kept, as a load keeps
     them); a smaller one (``IO_BYTES * INFLIGHT``) is used as a ring of
-    ``INFLIGHT`` slots, each reused as soon as its I/O completes.
+    ``INFLIGHT`` slots, each reused as soon as its I/O completes. Other shapes
+    (``io_bytes``, ``inflight``, ``rings``): benchmarks/ckpt_read_probe.py.
     """
     from fs3.usrbio import Ior, dereg_fd, prep_io, reg_fd, submit_ios, wait_for_ios
 
     size = os.path.getsize(path)
     whole = iov.size >= size
-    depth = INFLIGHT // RINGS
-    offsets = list(range(0, size, IO_BYTES))[::-1]
+    depth = max(1, inflight // rings)
+    offsets = list(range(0, size, io_bytes))[::-1]
     lock = threading.Lock()
     errors: list[BaseException] = []
 
     def ring(r: int) -> None:
         try:
             ior = Ior(mount, entries=depth, for_read=True)
-            free = [(r * depth + i) * IO_BYTES for i in range(depth)]
+            free = [(r * depth + i) * io_bytes for i in range(depth)]
             try:
                 while True:
                     while free:
@@ -161,7 +169,7 @@ def usrbio_read(mount: str, path: str, iov: Any) -> float:
                                 break
                             off = offsets.pop()
                         k = free.pop()
-                        n = min(IO_BYTES, size - off)
+                        n = min(io_bytes, size - off)
                         prep_io(ior, iov, off if whole else k, fd, off, n, userdata=(k, n))
                     if not ior.in_flight:
                         return
@@ -180,7 +188,7 @@ def usrbio_read(mount: str, path: str, iov: Any) -> float:
     reg_fd(fd)
     try:
         t0 = time.perf_counter()
-        threads = [threading.Thread(target=ring, args=(r,)) for r in range(RINGS)]
+        threads = [threading.Thread(target=ring, args=(r,)) for r in range(rings)]
         for t in threads:
             t.start()
         for t in threads:

@@ -22,11 +22,13 @@ ENOSPC/EDQUOT are NO_SPACE, everything else INTERNAL with the errno kept
 from __future__ import annotations
 
 import builtins
+import ctypes
 import errno as _errno
 import fcntl
 import os
 import secrets
 import struct
+import sys
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -516,12 +518,18 @@ class ChunkDataStore:
             done = 0
             went_direct = False  # counted: the disk was read with O_DIRECT
             if direct:
-                try:
-                    done = _preadv_nowait(fd, view, offset)
-                except BlockingIOError:
-                    direct = went_direct = _set_direct(fd, True)
+                cached = _all_cached(fd, offset, len(view))
+                if cached is None:  # no cachestat: ask by reading (a miss starts readahead)
+                    try:
+                        done = _preadv_nowait(fd, view, offset)
+                    except BlockingIOError:
+                        direct = went_direct = _set_direct(fd, True)
+                    else:
+                        direct = False  # the page cache had it all (or the rest: buffered)
+                elif cached:
+                    direct = False
                 else:
-                    direct = False  # the page cache had it all (or the rest: buffered)
+                    direct = went_direct = _set_direct(fd, True)
             while done < len(view):
                 if nowait:
                     k = _preadv_nowait(fd, view[done:], offset + done)
@@ -598,6 +606,48 @@ _CRC = struct.Struct("<I")
 
 
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+
+
+class _CacheStatRange(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _CacheStat(ctypes.Structure):
+    _fields_ = [
+        ("nr_cache", ctypes.c_uint64),
+        ("nr_dirty", ctypes.c_uint64),
+        ("nr_writeback", ctypes.c_uint64),
+        ("nr_evicted", ctypes.c_uint64),
+        ("nr_recently_evicted", ctypes.c_uint64),
+    ]
+
+
+# cachestat(2) (Linux 6.5; the same number on every architecture since 6.x's
+# unified syscall table). 0 once the kernel said ENOSYS: then _all_cached cannot tell.
+_SYS_CACHESTAT = 451 if sys.platform == "linux" else 0
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_libc = ctypes.CDLL(None, use_errno=True) if _SYS_CACHESTAT else None
+
+
+def _all_cached(fd: int, offset: int, length: int) -> bool | None:
+    """Whether the page cache holds every page of [offset, offset + length) of ``fd``;
+    None where the kernel cannot tell without reading (no ``cachestat``).
+
+    Why not ``preadv(RWF_NOWAIT)``: on a miss it still starts the file's readahead
+    before failing, so the O_DIRECT read that follows reads the range a second time
+    and the readahead reads up to the disk's ``read_ahead_kb`` more (measured: 2.5x
+    the bytes asked from the disk). ``cachestat`` only counts pages.
+    """
+    global _SYS_CACHESTAT
+    if not _SYS_CACHESTAT or _libc is None:
+        return None
+    rng = _CacheStatRange(offset, length)
+    st = _CacheStat()
+    if _libc.syscall(_SYS_CACHESTAT, fd, ctypes.byref(rng), ctypes.byref(st), 0) != 0:
+        if ctypes.get_errno() == _errno.ENOSYS:
+            _SYS_CACHESTAT = 0
+        return None
+    return st.nr_cache * _PAGE >= length
 
 
 def _set_direct(fd: int, on: bool) -> bool:

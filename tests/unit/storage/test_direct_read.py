@@ -7,6 +7,7 @@ from the page cache, and a corrupted file must still fail its checksum.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import random
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from fs3.errors import Code, FsError
+from fs3.storage import chunk_data
 from fs3.storage.chunk_engine import ChunkKey, FileChunkEngine
 from tests.unit.storage.test_write_path import _has_o_direct
 
@@ -72,8 +74,7 @@ def test_cold_aligned_read_is_direct_and_exact(tmp_path: Path) -> None:
         _evict(path)
         assert e.read_into(k, 0, BS, view[:BS])[1] == BS
         assert e.data.direct_reads == 2
-        # cached (the page cache is asked first: RWF_NOWAIT, which may still say
-        # "would block", e.g. on a readahead mark): the same bytes either way
+        # read again (not cached: the direct reads filled no page): the same bytes
         dst[:CS] = bytes(CS)
         assert e.read_into(k, 0, CS, view[:CS])[1] == CS
         assert dst[:CS] == src[:]
@@ -104,3 +105,88 @@ def test_direct_read_sees_dirty_cached_bytes_and_checks_them(tmp_path: Path) -> 
     finally:
         src.close()
         e.close()  # dst: unmapped when the views the reads made of it are gone
+
+
+def _resident_pages(path: str) -> int:
+    """Pages of ``path`` in the page cache, by ``mincore`` on a mapping of it (an
+    independent count: the store asks ``cachestat``)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = os.path.getsize(path)
+    page = mmap.PAGESIZE
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)  # writable view: an address
+    try:
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        vec = (ctypes.c_ubyte * (-(-size // page)))()
+        if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec):
+            pytest.skip(f"mincore: errno {ctypes.get_errno()}")
+        return sum(v & 1 for v in vec)
+    finally:
+        m.close()
+
+
+def test_cold_direct_read_reads_the_disk_once(tmp_path: Path) -> None:
+    """A cold large read goes to the disk once, with O_DIRECT: asking whether the range
+    is cached must not start readahead of it (a ``RWF_NOWAIT`` read does, and the disk
+    then read every cold byte twice). So no page of the chunk is cached after it."""
+    k = ChunkKey(11, 0)
+    e, src, path = _committed(tmp_path, 13, k)
+    dst = mmap.mmap(-1, CS)
+    try:
+        assert _resident_pages(path) == 0
+        view = memoryview(dst)
+        assert e.read_into(k, 0, CS, view)[1] == CS
+        assert e.data.direct_reads == 1 and dst[:] == src[:]
+        assert _resident_pages(path) == 0
+        view.release()
+    finally:
+        src.close()
+        e.close()
+
+
+def test_cached_range_is_copied_from_the_page_cache(tmp_path: Path) -> None:
+    """A range the page cache holds whole is served from it (no disk read); one only
+    partly cached goes direct and still returns the exact bytes."""
+    k = ChunkKey(12, 0)
+    e, src, path = _committed(tmp_path, 14, k)
+    dst = mmap.mmap(-1, CS)
+    try:
+        with open(path, "rb") as f:  # half the chunk into the page cache (not readahead's more)
+            assert f.read(CS // 2) == src[: CS // 2]
+            os.posix_fadvise(f.fileno(), CS // 2, CS // 2, os.POSIX_FADV_DONTNEED)
+        assert _resident_pages(path) == CS // 2 // mmap.PAGESIZE
+        view = memoryview(dst)
+        assert e.read_into(k, 0, CS // 2, view[: CS // 2])[1] == CS // 2
+        assert e.data.direct_reads == 0 and dst[: CS // 2] == src[: CS // 2]
+        dst[:] = bytes(CS)
+        assert e.read_into(k, 0, CS, view)[1] == CS
+        assert e.data.direct_reads == 1 and dst[:] == src[:]
+        view.release()
+    finally:
+        src.close()
+        e.close()
+
+
+def test_without_cachestat_the_cache_is_asked_by_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel without ``cachestat``: the page cache is asked with a ``RWF_NOWAIT``
+    read, so a cold range still goes direct and a cached one is copied, the same
+    bytes either way."""
+    monkeypatch.setattr(chunk_data, "_SYS_CACHESTAT", 0)
+    k = ChunkKey(13, 0)
+    e, src, path = _committed(tmp_path, 15, k)
+    dst = mmap.mmap(-1, CS)
+    try:
+        view = memoryview(dst)
+        assert e.read_into(k, 0, CS, view)[1] == CS
+        assert e.data.direct_reads == 1 and dst[:] == src[:]
+        with open(path, "rb") as f:  # all cached now
+            assert f.read() == src[:]
+        dst[:] = bytes(CS)
+        assert e.read_into(k, 0, CS, view)[1] == CS
+        assert e.data.direct_reads == 1 and dst[:] == src[:]
+        view.release()
+    finally:
+        src.close()
+        e.close()
