@@ -789,7 +789,8 @@ def _all_cached(fd: int, offset: int, length: int) -> bool | None:
         return None
     rng = _CacheStatRange(offset, length)
     st = _CacheStat()
-    if _libc.syscall(_SYS_CACHESTAT, fd, ctypes.byref(rng), ctypes.byref(st), 0) != 0:
+    args = (ctypes.c_long(_SYS_CACHESTAT), ctypes.c_uint(fd), ctypes.byref(rng), ctypes.byref(st))
+    if _libc.syscall(*args, ctypes.c_uint(0)) != 0:
         if ctypes.get_errno() == _errno.ENOSYS:
             _SYS_CACHESTAT = 0
         return None
