@@ -30,6 +30,7 @@ import secrets
 import struct
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -45,6 +46,8 @@ _DIRECT_ALIGN = 4096
 # Reads at least this large into page-aligned memory that the page cache does not
 # hold go to the disk with O_DIRECT (see ChunkDataStore.read_verified_into).
 DIRECT_READ_MIN = 256 << 10
+# Read descriptors of committed data files kept open per target (see ReadFds).
+READ_FDS = 256
 
 
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
@@ -88,6 +91,121 @@ def checksum_mismatch(what: str) -> FsError:
     return FsError(Code.CHECKSUM_MISMATCH, what, retryable=False)
 
 
+class _Fd:
+    """An open read-only descriptor of one data file and its users."""
+
+    __slots__ = ("fd", "refs", "cached")
+
+    def __init__(self, fd: int, cached: bool) -> None:
+        self.fd = fd
+        self.refs = 1
+        self.cached = cached  # False: closed by its last release
+
+
+class ReadFds:
+    """Read-only descriptors of committed data files, kept open between reads (LRU, bounded).
+
+    Why: a 4 KiB read cost an ``open`` and a ``close`` of its chunk file besides the
+    ``preadv`` (two of three syscalls, on the storage node's event loop for page-cache
+    hits). Keyed by the file's name, which is safe because a data file's name is never
+    reused while the process lives (a nonce per process and a counter, see
+    :meth:`ChunkDataStore._make_spares`) and the bytes a committed version's readers
+    see are never rewritten in place (copy-on-write; an append writes past the
+    committed length only).
+
+    Invalidation: :meth:`ChunkDataStore.unlink` (superseded versions, aborted staging,
+    removed chunks, spares) calls :meth:`forget` after the unlink, so the file's blocks
+    are freed once its in-flight reads finish. A descriptor is closed only when no
+    read holds it (``refs``), so a concurrent read never sees its number reused for
+    another file. An ``open`` that raced with a :meth:`forget` (the generation moved
+    meanwhile) is used once and not kept: it may name a file just unlinked.
+    """
+
+    def __init__(self, prefix: str, capacity: int = READ_FDS) -> None:
+        self._prefix = prefix
+        self.capacity = capacity
+        self._lock = threading.Lock()  # no syscall but close() under it
+        self._fds: OrderedDict[str, _Fd] = OrderedDict()
+        self._gen = 0  # bumped by every forget()
+        self.opens = 0  # files opened (tests, metrics): a hit costs none
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def acquire(self, rel: str) -> _Fd | None:
+        """The open descriptor of ``rel`` (give it back with :meth:`release`); None if gone."""
+        with self._lock:
+            e = self._fds.get(rel)
+            if e is not None:
+                e.refs += 1
+                self._fds.move_to_end(rel)
+                return e
+            gen = self._gen
+        try:
+            fd = os.open(self._prefix + rel, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            if err.errno not in (_errno.EMFILE, _errno.ENFILE):
+                raise
+            self.clear()  # out of descriptors: give back the idle ones, then once more
+            try:
+                fd = os.open(self._prefix + rel, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return None
+        idle: builtins.list[int] = []
+        with self._lock:
+            self.opens += 1
+            e = self._fds.get(rel)
+            if e is not None:  # another reader opened it meanwhile: use that one
+                e.refs += 1
+                idle.append(fd)
+            elif gen != self._gen or self.capacity <= 0:
+                e = _Fd(fd, cached=False)
+            else:
+                e = self._fds[rel] = _Fd(fd, cached=True)
+                while len(self._fds) > self.capacity:
+                    _, old = self._fds.popitem(last=False)
+                    old.cached = False
+                    if old.refs == 0:
+                        idle.append(old.fd)
+        for x in idle:
+            os.close(x)
+        return e
+
+    def release(self, e: _Fd) -> None:
+        with self._lock:
+            e.refs -= 1
+            close = e.refs == 0 and not e.cached
+        if close:
+            os.close(e.fd)
+
+    def forget(self, rel: str) -> None:
+        """``rel`` was unlinked: close its descriptor once no read holds it."""
+        with self._lock:
+            self._gen += 1
+            e = self._fds.pop(rel, None)
+            if e is None:
+                return
+            e.cached = False
+            close = e.refs == 0
+        if close:
+            os.close(e.fd)
+
+    def clear(self) -> None:
+        """Close every descriptor no read holds; the held ones close on release."""
+        with self._lock:
+            self._gen += 1
+            entries, self._fds = list(self._fds.values()), OrderedDict()
+            idle = []
+            for e in entries:
+                e.cached = False
+                if e.refs == 0:
+                    idle.append(e.fd)
+        for fd in idle:
+            os.close(fd)
+
+
 class ChunkDataStore:
     """The data files of one target.
 
@@ -99,6 +217,7 @@ class ChunkDataStore:
         direct_write: write whole new chunk versions with ``O_DIRECT`` when the payload is
             page aligned (with ``fsync`` only): the kernel then DMAs from the payload (e.g. the
             client's shared memory) instead of copying it into the page cache.
+        read_fds: read descriptors kept open between reads (:class:`ReadFds`; 0 = none).
     """
 
     def __init__(
@@ -109,6 +228,7 @@ class ChunkDataStore:
         block_size: int,
         reserved_bytes: int = 0,
         direct_write: bool = False,
+        read_fds: int = READ_FDS,
     ) -> None:
         self.dir = data_dir
         if fsync:
@@ -117,6 +237,7 @@ class ChunkDataStore:
         else:
             self.dir.mkdir(parents=True, exist_ok=True)
         self._prefix = str(self.dir) + os.sep
+        self.read_fds = ReadFds(self._prefix, read_fds)
         self.fsync = fsync
         self.block_size = block_size
         self.reserved_bytes = reserved_bytes
@@ -209,6 +330,11 @@ class ChunkDataStore:
             os.unlink(self.path(rel))
         except FileNotFoundError:
             pass
+        self.read_fds.forget(rel)  # after the unlink: see ReadFds
+
+    def close(self) -> None:
+        """Close the kept read descriptors (the engine is shutting down)."""
+        self.read_fds.clear()
 
     def check_room(self, growth: int) -> None:
         """Raise NO_SPACE if growing by ``growth`` bytes would eat into the reserve (a statvfs)."""
@@ -399,6 +525,14 @@ class ChunkDataStore:
         except OSError as e:
             raise os_error(e, f"open chunk {what}") from None
 
+    def _hold(self, rel: str, what: str) -> _Fd | None:
+        """The kept read descriptor of a committed version's file (:class:`ReadFds`;
+        give it back with ``read_fds.release``); None if it is gone (superseded)."""
+        try:
+            return self.read_fds.acquire(rel)
+        except OSError as e:
+            raise os_error(e, f"open chunk {what}") from None
+
     def read_verified(
         self,
         rel: str,
@@ -421,15 +555,15 @@ class ChunkDataStore:
         stop = min(length, -(-end // bs) * bs)
         if stop - start > _SCRATCH_MAX and not nowait:
             # large: one bytes object straight from the kernel (no scratch, no extra copy)
-            fd = self._open_committed(rel, what)
-            if fd is None:
+            held = self._hold(rel, what)
+            if held is None:
                 return None
             try:
-                buf = os.pread(fd, stop - start, start)
+                buf = os.pread(held.fd, stop - start, start)
             except OSError as e:
                 raise os_error(e, f"read chunk {what}") from None
             finally:
-                os.close(fd)
+                self.read_fds.release(held)
             if len(buf) != stop - start:
                 raise checksum_mismatch(f"chunk {what}: data file truncated")
             _verify(memoryview(buf), crcs, start // bs, bs, what)
@@ -511,9 +645,18 @@ class ChunkDataStore:
         bytes are the same. Falls back to a buffered read where the file
         system refuses ``O_DIRECT`` (tmpfs) or the alignment.
         """
-        fd = self._open_committed(rel, what)
-        if fd is None:
-            return False
+        held: _Fd | None = None
+        if direct:
+            # its own open file: O_DIRECT is a flag of the open file, which the kept
+            # descriptor's other readers share
+            fd = self._open_committed(rel, what)
+            if fd is None:
+                return False
+        else:
+            held = self._hold(rel, what)
+            if held is None:
+                return False
+            fd = held.fd
         try:
             done = 0
             went_direct = False  # counted: the disk was read with O_DIRECT
@@ -551,7 +694,10 @@ class ChunkDataStore:
         except OSError as e:
             raise os_error(e, f"read chunk {what}") from None
         finally:
-            os.close(fd)
+            if held is None:
+                os.close(fd)
+            else:
+                self.read_fds.release(held)
         if done != len(view):
             raise checksum_mismatch(f"chunk {what}: data file truncated")
         if went_direct:
@@ -643,7 +789,8 @@ def _all_cached(fd: int, offset: int, length: int) -> bool | None:
         return None
     rng = _CacheStatRange(offset, length)
     st = _CacheStat()
-    if _libc.syscall(_SYS_CACHESTAT, fd, ctypes.byref(rng), ctypes.byref(st), 0) != 0:
+    args = (ctypes.c_long(_SYS_CACHESTAT), ctypes.c_uint(fd), ctypes.byref(rng), ctypes.byref(st))
+    if _libc.syscall(*args, ctypes.c_uint(0)) != 0:
         if ctypes.get_errno() == _errno.ENOSYS:
             _SYS_CACHESTAT = 0
         return None
@@ -683,8 +830,10 @@ def _preadv_nowait(fd: int, view: memoryview, offset: int) -> int:
 
 
 __all__ = [
+    "READ_FDS",
     "SPARE_BATCH",
     "ChunkDataStore",
+    "ReadFds",
     "block_crcs",
     "crc32c",
     "os_error",

@@ -62,6 +62,7 @@ from typing import NoReturn
 from fs3.errors import Code, FsError, invalid
 from fs3.limits import MAX_CHUNK_SIZE
 from fs3.storage.chunk_data import (
+    READ_FDS,
     SPARE_BATCH,
     ChunkDataStore,
     block_crcs,
@@ -226,6 +227,8 @@ class FileChunkEngine(ChunkEngine):
             from the payload (e.g. the client's shared memory) instead of copying
             it into the page cache, the largest CPU cost of a replica write here.
             Such chunks are not in this node's page cache afterwards.
+        read_fds: data-file descriptors kept open between reads
+            (:class:`fs3.storage.chunk_data.ReadFds`; 0 = open per read).
     """
 
     def __init__(
@@ -236,6 +239,7 @@ class FileChunkEngine(ChunkEngine):
         block_size: int = DEFAULT_BLOCK_SIZE,
         reserved_bytes: int = 0,
         direct_write: bool = False,
+        read_fds: int = READ_FDS,
     ) -> None:
         if block_size <= 0 or block_size & (block_size - 1):
             raise invalid("block_size must be a power of two")
@@ -246,6 +250,7 @@ class FileChunkEngine(ChunkEngine):
             block_size=block_size,
             reserved_bytes=reserved_bytes,
             direct_write=direct_write,
+            read_fds=read_fds,
         )
         self.data_dir = self.data.dir
         self.fsync = fsync
@@ -618,6 +623,7 @@ class FileChunkEngine(ChunkEngine):
         for k in self.meta.pending_keys():
             self.abort(k)
         self.data.drop_spares()
+        self.data.close()
         self.meta.close()
 
 

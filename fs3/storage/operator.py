@@ -37,6 +37,7 @@ from fs3.security.capability import READ, WRITE, CapabilityVerifier
 from fs3.storage import metrics as M
 from fs3.storage.chunk_engine import ChunkKey, ChunkMeta, crc32c
 from fs3.storage.craq import EXTEND, REMOVE, TRUNCATE, Replicator, io_result, is_inline
+from fs3.storage.crc_combine import combined_crc
 from fs3.storage.target import L_ONLINE, StorageTarget, TargetMap
 from fs3.transport.base import ref_kind
 
@@ -191,6 +192,20 @@ def _read_groups(blocked: list[_Blocked]) -> list[list[_Blocked]]:
     if len(small) < len(blocked):
         groups.extend([b] for b in blocked if b.io.length > INLINE_READ_MAX)
     return groups
+
+
+def _range_crc(bs: int, meta: ChunkMeta, offset: int, n: int) -> int | None:
+    """The CRC of ``n`` bytes read at ``offset`` without a pass over them, where known:
+    the whole chunk's, or (a range on checksum-block boundaries, whose blocks the engine
+    has just verified against ``meta.block_crcs``) the blocks' CRCs combined
+    (:func:`combined_crc`). None: the caller checksums the bytes."""
+    if offset == 0 and n == meta.length:
+        return meta.checksum
+    end = offset + n
+    if n <= 0 or offset % bs or (end % bs and end != meta.length):
+        return None  # unaligned: its covering blocks were verified in scratch, not these bytes
+    count = -(-n // bs)
+    return combined_crc(meta.block_crcs, offset // bs, count, bs, n - (count - 1) * bs)
 
 
 async def _one(job: Awaitable[list[Any]]) -> list[list[Any]]:
@@ -654,18 +669,17 @@ class StorageOperator:
         if b.view is not None:
             try:
                 meta, n = got
-                # The whole chunk: its CRC is already known; otherwise one pass over the range.
-                whole = io.offset == 0 and n == meta.length
-                checksum = (
-                    meta.checksum if whole else crc32c(b.view if n == len(b.view) else b.view[:n])
-                )
+                checksum = _range_crc(b.t.engine.block_size, meta, io.offset, n)
+                if checksum is None:
+                    checksum = crc32c(b.view if n == len(b.view) else b.view[:n])
             finally:
                 _release(b.view)
         else:
             meta, data = got
             n = len(data)
-            whole = io.offset == 0 and n == meta.length  # its CRC is known: skip a pass
-            checksum = meta.checksum if whole else crc32c(data)
+            checksum = _range_crc(b.t.engine.block_size, meta, io.offset, n)
+            if checksum is None:
+                checksum = crc32c(data)
         res = storage_pb2.ReadResult(
             length=n,
             commit_ver=meta.commit_ver,
