@@ -46,8 +46,24 @@ _DIRECT_ALIGN = 4096
 # Reads at least this large into page-aligned memory that the page cache does not
 # hold go to the disk with O_DIRECT (see ChunkDataStore.read_verified_into).
 DIRECT_READ_MIN = 256 << 10
-# Read descriptors of committed data files kept open per target (see ReadFds).
+# Read descriptors of committed data files kept open per target (see ReadFds), at most.
 READ_FDS = 256
+
+
+def read_fds_per_target(targets: int) -> int:
+    """How many read descriptors each of ``targets`` targets may keep open.
+
+    One budget per process, not per target: kept descriptors may use at most a
+    quarter of the soft ``RLIMIT_NOFILE``, so a node with many targets under a
+    small limit (1,024 is common) still has descriptors for its sockets, SQLite
+    and staging files. At most :data:`READ_FDS` per target either way.
+    """
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return READ_FDS
+    return max(0, min(READ_FDS, soft // 4 // max(1, targets)))
 
 
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
@@ -127,6 +143,7 @@ class ReadFds:
         self._lock = threading.Lock()  # no syscall but close() under it
         self._fds: OrderedDict[str, _Fd] = OrderedDict()
         self._gen = 0  # bumped by every forget()
+        self._closed = False  # after close(): descriptors are used once, never kept
         self.opens = 0  # files opened (tests, metrics): a hit costs none
 
     def __len__(self) -> int:
@@ -160,7 +177,7 @@ class ReadFds:
             if e is not None:  # another reader opened it meanwhile: use that one
                 e.refs += 1
                 idle.append(fd)
-            elif gen != self._gen or self.capacity <= 0:
+            elif gen != self._gen or self.capacity <= 0 or self._closed:
                 e = _Fd(fd, cached=False)
             else:
                 e = self._fds[rel] = _Fd(fd, cached=True)
@@ -191,6 +208,13 @@ class ReadFds:
             close = e.refs == 0
         if close:
             os.close(e.fd)
+
+    def close(self) -> None:
+        """Close the kept descriptors and keep none from now on (a read still in
+        flight when the engine shuts down gets a descriptor of its own)."""
+        with self._lock:
+            self._closed = True
+        self.clear()
 
     def clear(self) -> None:
         """Close every descriptor no read holds; the held ones close on release."""
@@ -334,7 +358,7 @@ class ChunkDataStore:
 
     def close(self) -> None:
         """Close the kept read descriptors (the engine is shutting down)."""
-        self.read_fds.clear()
+        self.read_fds.close()
 
     def check_room(self, growth: int) -> None:
         """Raise NO_SPACE if growing by ``growth`` bytes would eat into the reserve (a statvfs)."""
@@ -769,7 +793,8 @@ class _CacheStat(ctypes.Structure):
 
 
 # cachestat(2) (Linux 6.5; the same number on every architecture since 6.x's
-# unified syscall table). 0 once the kernel said ENOSYS: then _all_cached cannot tell.
+# unified syscall table). 0 once the kernel said ENOSYS (or a seccomp filter EPERM):
+# then _all_cached cannot tell.
 _SYS_CACHESTAT = 451 if sys.platform == "linux" else 0
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _libc = ctypes.CDLL(None, use_errno=True) if _SYS_CACHESTAT else None
@@ -791,10 +816,11 @@ def _all_cached(fd: int, offset: int, length: int) -> bool | None:
     st = _CacheStat()
     args = (ctypes.c_long(_SYS_CACHESTAT), ctypes.c_uint(fd), ctypes.byref(rng), ctypes.byref(st))
     if _libc.syscall(*args, ctypes.c_uint(0)) != 0:
-        if ctypes.get_errno() == _errno.ENOSYS:
-            _SYS_CACHESTAT = 0
+        if ctypes.get_errno() in (_errno.ENOSYS, _errno.EPERM):
+            _SYS_CACHESTAT = 0  # not in this kernel, or refused (seccomp): never asked again
         return None
-    return st.nr_cache * _PAGE >= length
+    pages = (offset + length - 1) // _PAGE - offset // _PAGE + 1
+    return int(st.nr_cache) >= pages
 
 
 def _set_direct(fd: int, on: bool) -> bool:
@@ -831,6 +857,7 @@ def _preadv_nowait(fd: int, view: memoryview, offset: int) -> int:
 
 __all__ = [
     "READ_FDS",
+    "read_fds_per_target",
     "SPARE_BATCH",
     "ChunkDataStore",
     "ReadFds",

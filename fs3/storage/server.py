@@ -44,6 +44,7 @@ from fs3.security.capability import (
 )
 from fs3.service import service_main
 from fs3.storage import metrics as M
+from fs3.storage.chunk_data import read_fds_per_target
 from fs3.storage.chunk_engine import FileChunkEngine
 from fs3.storage.craq import InlinePayloadIO, PayloadIO, Peers, Replicator
 from fs3.storage.operator import StorageOperator
@@ -119,13 +120,16 @@ class StorageNode:
             max_workers=cfg.storage.io_threads, thread_name_prefix=f"storage{self.node_id}-io"
         )
         targets = []
-        for tid, d in target_layout(cfg):
+        layout = target_layout(cfg)
+        read_fds = read_fds_per_target(len(layout))
+        for tid, d in layout:
             os.makedirs(d, exist_ok=True)
             eng = FileChunkEngine(
                 d,
                 fsync=cfg.storage.fsync,
                 reserved_bytes=cfg.storage.reserved_bytes,
                 direct_write=cfg.storage.direct_write,
+                read_fds=read_fds,
             )
             targets.append(StorageTarget(tid, d, eng))
         self.targets = TargetMap(targets)

@@ -279,3 +279,87 @@ def test_cold_direct_read_starts_no_readahead(tmp_path: Path) -> None:
     finally:
         os.close(fd)
         e.close()
+
+
+def test_read_descriptor_budget_is_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kept descriptors of all targets together stay within a quarter of the soft
+    RLIMIT_NOFILE, so a node with many targets under a 1,024 limit keeps room for
+    its sockets, SQLite and staging files."""
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: (1024, 1 << 20))
+    assert chunk_data.read_fds_per_target(1) == 256
+    assert chunk_data.read_fds_per_target(4) == 64
+    assert chunk_data.read_fds_per_target(16) * 16 <= 256
+    assert chunk_data.read_fds_per_target(0) == 256
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: (200_000, 1 << 20))
+    assert chunk_data.read_fds_per_target(8) == chunk_data.READ_FDS
+
+
+def test_no_descriptor_is_kept_after_close(tmp_path: Path) -> None:
+    """A read still in flight when the engine shuts down gets a descriptor that is
+    closed when it is done, not one kept (nothing would close it later)."""
+    e = _engine(tmp_path)
+    k = ChunkKey(8, 0)
+    _write(e, k, b"q" * 4096, 1)
+    assert e.read(k, 0, 4096)[1] == b"q" * 4096
+    e.data.close()
+    assert _held(e) == []
+    meta = e.get(k)
+    assert meta is not None
+    held = e.data.read_fds.acquire(meta.file)
+    assert held is not None and len(e.data.read_fds) == 0
+    e.data.read_fds.release(held)
+    assert _held(e) == []
+    e.close()
+
+
+def test_cachestat_counts_pages_of_an_unaligned_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A range that starts inside a page spans one page more than its length says:
+    all of them must be cached for it to count as cached."""
+    p = tmp_path / "f"
+    p.write_bytes(b"x" * (3 * 4096))
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        if chunk_data._all_cached(fd, 0, 4096) is None:
+            pytest.skip("no cachestat(2) on this kernel")
+
+        def two_pages(*args: object) -> int:
+            st = args[3]._obj  # type: ignore[attr-defined]
+            st.nr_cache = 2
+            return 0
+
+        monkeypatch.setattr(chunk_data._libc, "syscall", two_pages)
+        page = chunk_data._PAGE
+        assert chunk_data._all_cached(fd, 0, 2 * page) is True
+        assert chunk_data._all_cached(fd, page // 2, 2 * page) is False  # spans 3 pages
+    finally:
+        os.close(fd)
+
+
+def test_cachestat_refused_by_seccomp_is_not_asked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ctypes
+    import errno
+
+    calls = []
+
+    def refused(*args: object) -> int:
+        calls.append(args)
+        ctypes.set_errno(errno.EPERM)
+        return -1
+
+    monkeypatch.setattr(chunk_data, "_SYS_CACHESTAT", 451)
+    monkeypatch.setattr(chunk_data._libc, "syscall", refused)
+    p = tmp_path / "f"
+    p.write_bytes(b"x" * 4096)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        assert chunk_data._all_cached(fd, 0, 4096) is None
+        assert chunk_data._all_cached(fd, 0, 4096) is None
+        assert len(calls) == 1
+    finally:
+        os.close(fd)
