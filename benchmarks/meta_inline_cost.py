@@ -31,10 +31,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fs3.kv import open_database  # noqa: E402
+from fs3.meta import service  # noqa: E402
 from fs3.meta.layout import StaticChainTables  # noqa: E402
 from fs3.meta.operator import MetaOperator  # noqa: E402
 from fs3.meta.server import use_op_threads  # noqa: E402
-from fs3.meta import service  # noqa: E402
 from fs3.meta.service import MetaServicer  # noqa: E402
 from fs3.proto import common_pb2, meta_pb2  # noqa: E402
 

@@ -202,9 +202,10 @@ class MetaOperator:
         self._check_request(req, cls)
         return self._once(lambda tr: op(self._ctx(req.user), MetaTxn(tr), req), wait=True)
 
-    #: Mutations :meth:`write_once` runs (every op of :meth:`_write`).
+    #: Mutations :meth:`write_once` runs (every op of :meth:`_write`, and the quiet closes).
     INLINE_WRITES = frozenset(
         {
+            "close_sessions",
             "setattr",
             "create",
             "open",
@@ -437,9 +438,11 @@ class MetaOperator:
     def close_sessions(self, req: meta_pb2.CloseSessionsRequest) -> meta_pb2.CloseSessionsResponse:
         """Many no-report closes in one transaction (idempotent: gone sessions are skipped)."""
         self._check_request(req, meta_pb2.CloseSessionsRequest)
-        return self.db.run(  # type: ignore[no-any-return]
-            lambda tr: files.close_sessions(self._ctx(req.user), MetaTxn(tr), req)
-        )
+
+        def txn(tr: Transaction) -> meta_pb2.CloseSessionsResponse:
+            return files.close_sessions(self._ctx(req.user), MetaTxn(tr), req)  # type: ignore[no-any-return]
+
+        return self._once(txn, wait=False) if self._local.once else self.db.run(txn)
 
     def sync(self, req: meta_pb2.SyncRequest) -> meta_pb2.AttrResponse:
         return self._write("Sync", files.sync, req, meta_pb2.SyncRequest, meta_pb2.AttrResponse)

@@ -415,9 +415,15 @@ def test_lone_mutations_commit_on_the_loop_durably(tmp_path, monkeypatch) -> Non
     commits0 = db.commits  # type: ignore[attr-defined]
 
     async def main() -> None:
+        sessions = []
         for i in range(5):
             r = await svc.Create(_create(b"f%d" % i), None)
             assert r.created and r.session_id
+            sessions.append(meta_pb2.SessionRef(inode=r.attr.inode, session_id=r.session_id))
+        closed = await svc.CloseSessions(
+            meta_pb2.CloseSessionsRequest(user=ROOT, sessions=sessions), None
+        )
+        assert closed.closed == 5
         await svc.Mkdir(
             meta_pb2.MkdirRequest(user=ROOT, request_id="m", parent=1, name=b"d", mode=0o755),
             None,
@@ -428,8 +434,8 @@ def test_lone_mutations_commit_on_the_loop_durably(tmp_path, monkeypatch) -> Non
 
     asyncio.run(main())
     assert hops == []
-    assert svc.writes_inline == 7
-    assert db.commits - commits0 == 7  # type: ignore[attr-defined]
+    assert svc.writes_inline == 8
+    assert db.commits - commits0 == 8  # type: ignore[attr-defined]
     db.close()  # type: ignore[attr-defined]
     other = MetaOperator(open_database(f"sqlite://{tmp_path}/kv.db"))
     names = {
