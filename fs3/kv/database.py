@@ -142,6 +142,20 @@ class Transaction(ABC):
     def commit(self) -> None:
         """Commit, or raise ``FsError(KV_CONFLICT)`` (retryable)."""
 
+    def commit_now(self) -> bool:
+        """Commit only if that needs no wait for other transactions; True if committed.
+
+        For a caller that must not block on others' commits (an event loop
+        serving a lone mutation): False means the commit would have had to
+        queue behind other transactions (a group commit in progress, a newer
+        commit to validate against), so nothing was written and the
+        transaction is finished, as after :meth:`cancel`; the caller runs it
+        again the ordinary way. Errors are raised as by :meth:`commit`. An
+        engine whose commit never queues (this default) just commits.
+        """
+        self.commit()
+        return True
+
     @abstractmethod
     def cancel(self) -> None:
         """Abandon the transaction; nothing it wrote becomes visible."""

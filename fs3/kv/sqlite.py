@@ -899,8 +899,15 @@ class SqliteTransaction(BufferedWritesTransaction):
                 conn.execute("DELETE FROM kv_commits WHERE version <= ?", (row[0],))
                 conn.execute("UPDATE kv_meta SET trimmed = ? WHERE id = 0", (row[0],))
 
-    def commit(self) -> None:
-        """Validate and apply in the next group commit; returns once durable."""
+    def _finish(self) -> tuple[bool, sqlite3.Connection | None]:
+        """Start committing: (whether there is anything to write, the snapshot's connection).
+
+        A read-only transaction is done here (its snapshot was consistent;
+        nothing to validate). Otherwise the version read is pinned if only
+        snapshot reads ran so far: it is needed before the commit moves it
+        (:meth:`SqliteDatabase._commit_alone`) or the connection goes back to
+        the pool (a batch).
+        """
         self._check_open()
         faults.maybe_fail("kv.commit")
         self.done = True
@@ -908,16 +915,46 @@ class SqliteTransaction(BufferedWritesTransaction):
         if not self.writes and not self.cleared:
             if conn is not None:
                 self.db._release(conn)
-            return  # read-only: its snapshot was consistent; nothing to validate
+            return False, None
         if conn is not None and self.read_version is None:
-            # snapshot reads only so far: the version is needed now, before the commit
-            # moves it (_commit_alone) or the connection goes back to the pool (a batch)
             try:
                 self._pin_version(conn)
             except BaseException:
                 self.db._release(conn)
                 raise
-        self.db._group_commit(self, conn)
+        return True, conn
+
+    def commit(self) -> None:
+        """Validate and apply in the next group commit; returns once durable."""
+        writes, conn = self._finish()
+        if writes:
+            self.db._group_commit(self, conn)
+
+    def commit_now(self) -> bool:
+        """Commit alone, on this thread, if nobody else is committing and nothing
+        committed since this transaction's snapshot: the upgrade of its read
+        transaction in place (:meth:`SqliteDatabase._commit_alone`), one COMMIT,
+        durable when it returns. Otherwise False: it would have to queue for a
+        batch and be validated there; nothing was written.
+
+        It never waits: not for a batch in progress (``try_exclusive``), and not
+        for another process's write lock either, as SQLite refuses the upgrade
+        of an open read transaction at once (no busy handler) when the lock is
+        taken.
+        """
+        writes, conn = self._finish()
+        if not writes:
+            return True
+        db = self.db
+        if conn is None:  # blind writes: no snapshot to upgrade, a batch validates them
+            return False
+        if not db._group.try_exclusive():
+            db._release(conn)
+            return False
+        try:
+            return db._commit_alone(self, conn)
+        finally:
+            db._group.end_exclusive()
 
     def cancel(self) -> None:
         if not self.done:

@@ -51,6 +51,11 @@ class InodeAllocator:
                 self._free.extend(self._reserve())
             return self._free.popleft()
 
+    def try_allocate(self) -> int | None:
+        """A fresh inode number if one is reserved already, else None (no KV transaction)."""
+        with self._lock:
+            return self._free.popleft() if self._free else None
+
     def give_back(self, ino: int) -> None:
         """Return an id that was allocated but not used (it stays unique)."""
         with self._lock:

@@ -48,12 +48,24 @@ from fs3.security import capability as cap
 log = logging.getLogger("fs3.meta")
 
 R = TypeVar("R", bound=Message)
+R2 = TypeVar("R2")
 Op = Callable[[OpCtx, MetaTxn, Any], Any]
 PointOp = Callable[[Database, Any], Any]  # a read of one inode outside any transaction
 
 STATFS_TOTAL_FILES = 1 << 40  # no inode limit; report a large constant
 STATFS_BLOCK = 4096
 IDEM_MAX_AGE_S = 1800.0  # idempotency records older than this are pruned
+
+
+class WouldWait(Exception):
+    """:meth:`MetaOperator.write_once` could not finish without waiting (for other
+    transactions' commit, or for an inode-number reservation); it changed nothing."""
+
+
+class _OnceFlag(threading.local):
+    """Per thread: whether the running op is :meth:`MetaOperator.write_once`'s."""
+
+    once = False
 
 
 class MetaOperator:
@@ -88,6 +100,7 @@ class MetaOperator:
         # secret and storage checks nothing, so none are issued.
         self.signer: cap.CapabilitySigner | None = None
         self.capability_ttl_s = cap.DEFAULT_TTL_S
+        self._local = _OnceFlag()
         self.ensure_root()
 
     # ------------------------------------------------------------------ plumbing
@@ -170,9 +183,7 @@ class MetaOperator:
         there costs tens of microseconds, less than the two thread hand-offs of
         ``asyncio.to_thread`` on a busy host.
 
-        It is :meth:`fs3.kv.Database.run` with no retry, spelled out: that
-        loop's deadline, backoff and closure are per-call work a single attempt
-        does not need (a retryable failure still counts in ``db.retries``).
+        One attempt: :meth:`_once`.
         """
         point = _POINT_OPS.get(method)
         if point is not None:  # one snapshot read, no transaction (see _point)
@@ -189,11 +200,67 @@ class MetaOperator:
             raise invalid(f"{method} is not an inline read")
         op, cls = entry
         self._check_request(req, cls)
+        return self._once(lambda tr: op(self._ctx(req.user), MetaTxn(tr), req), wait=True)
+
+    #: Mutations :meth:`write_once` runs (every op of :meth:`_write`, and the quiet closes).
+    INLINE_WRITES = frozenset(
+        {
+            "close_sessions",
+            "setattr",
+            "create",
+            "open",
+            "close",
+            "sync",
+            "mknod",
+            "mkdir",
+            "symlink",
+            "link",
+            "unlink",
+            "rmdir",
+            "rename",
+            "setxattr",
+            "removexattr",
+            "setlayout",
+        }
+    )
+
+    def write_once(self, method: str, req: Any) -> Any:
+        """One attempt of the mutation ``method`` (a name in :data:`INLINE_WRITES`)
+        that never waits for anything but its own commit.
+
+        The servicer runs a lone mutation (none other in flight) with this on its
+        event loop: a thread hand-off there and back costs more CPU and wake-ups
+        than the transaction's own work, and with no other transaction to share
+        a commit with, a worker thread would only wait for the same fsync. The
+        commit is :meth:`fs3.kv.Transaction.commit_now`: durable when it returns,
+        exactly as through the group commit. :class:`WouldWait` when it would
+        have to queue (another commit in progress or newer than the snapshot) or
+        reserve inode numbers; a retryable :class:`FsError` as from one attempt
+        of :meth:`fs3.kv.Database.run`. Either way nothing was written and the
+        caller runs the method the ordinary way (``request_id`` makes a retry
+        apply once).
+        """
+        if method not in self.INLINE_WRITES:
+            raise invalid(f"{method} is not an inline write")
+        self._local.once = True
+        try:
+            return getattr(self, method)(req)
+        finally:
+            self._local.once = False
+
+    def _once(self, fn: Callable[[Transaction], R2], *, wait: bool) -> R2:
+        """:meth:`fs3.kv.Database.run` with no retry, spelled out: that loop's deadline,
+        backoff and closure are per-call work a single attempt does not need (a
+        retryable failure still counts in ``db.retries``). ``wait=False``: commit
+        only if it needs no wait (:class:`WouldWait` otherwise)."""
         db = self.db
         tr = db.create_transaction()
         try:
-            result = op(self._ctx(req.user), MetaTxn(tr), req)
-            tr.commit()
+            result = fn(tr)
+            if wait:
+                tr.commit()
+            elif not tr.commit_now():
+                raise WouldWait
         except FsError as e:
             tr.cancel()
             if e.retryable:
@@ -216,7 +283,16 @@ class MetaOperator:
     ) -> R:
         self._check_request(req, cls)
         rid: str = req.request_id
-        new_ino = self.alloc.allocate() if creates else 0
+        once = self._local.once
+        if not creates:
+            new_ino = 0
+        elif not once:
+            new_ino = self.alloc.allocate()
+        else:
+            got = self.alloc.try_allocate()  # a reservation is a commit of its own: not inline
+            if got is None:
+                raise WouldWait
+            new_ino = got
         attempts = 0
         used = False
 
@@ -244,9 +320,9 @@ class MetaOperator:
             return resp  # type: ignore[no-any-return]
 
         try:
-            result = self.db.run(txn)
+            result = self._once(txn, wait=False) if once else self.db.run(txn)
         except BaseException as e:
-            if creates and attempts == 1:
+            if creates and attempts <= 1:
                 self.alloc.give_back(new_ino)
             if isinstance(e, NoChainTable):
                 raise e.error() from None  # answered now, retried by the client (see its doc)
@@ -362,9 +438,11 @@ class MetaOperator:
     def close_sessions(self, req: meta_pb2.CloseSessionsRequest) -> meta_pb2.CloseSessionsResponse:
         """Many no-report closes in one transaction (idempotent: gone sessions are skipped)."""
         self._check_request(req, meta_pb2.CloseSessionsRequest)
-        return self.db.run(  # type: ignore[no-any-return]
-            lambda tr: files.close_sessions(self._ctx(req.user), MetaTxn(tr), req)
-        )
+
+        def txn(tr: Transaction) -> meta_pb2.CloseSessionsResponse:
+            return files.close_sessions(self._ctx(req.user), MetaTxn(tr), req)  # type: ignore[no-any-return]
+
+        return self._once(txn, wait=False) if self._local.once else self.db.run(txn)
 
     def sync(self, req: meta_pb2.SyncRequest) -> meta_pb2.AttrResponse:
         return self._write("Sync", files.sync, req, meta_pb2.SyncRequest, meta_pb2.AttrResponse)
@@ -610,4 +688,4 @@ _READ_OPS: dict[str, tuple[Op, type[Message]]] = {
     "listxattr": (xattrs.listxattr, meta_pb2.ListXattrRequest),
 }
 
-__all__ = ["MetaOperator"]
+__all__ = ["MetaOperator", "WouldWait"]

@@ -26,7 +26,7 @@ from fs3.errors import FsError
 from fs3.kv import Database
 from fs3.kv.memory import MemoryDatabase
 from fs3.kv.sqlite import SqliteDatabase
-from fs3.meta.operator import MetaOperator
+from fs3.meta.operator import MetaOperator, WouldWait
 from fs3.proto import common_pb2, meta_pb2, meta_pb2_grpc
 
 # fs3_meta_request_seconds buckets (upper bounds, ending with +Inf): prometheus_client's defaults
@@ -159,6 +159,16 @@ def _outcome(e: FsError) -> str:
     return e.code.name.lower() if e.code.name != "POSIX" else f"errno_{e.errno}"
 
 
+#: A mutation runs on the event loop only if the last one (on the loop or a thread)
+#: ended at least this long before it arrived. One sequential client sends its
+#: next mutation a FUSE round trip or more later (the reply, the kernel, the
+#: application, the kernel's lookup of the next name: over a millisecond here);
+#: when several clients' mutations queue behind one that blocked the loop, the
+#: next is read within microseconds of its end and goes to a thread, where it
+#: can share a group commit with the others.
+LONE_GAP_S = 0.0003
+
+
 def local_reads(db: Database) -> bool:
     """True if the engine answers reads from this host without network I/O.
 
@@ -177,6 +187,15 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     the retrying path on a thread. On a loaded 2-core host a thread hand-off
     costs more than the read itself, and the kernel asks for these all the time.
 
+    A lone mutation runs on the event loop too (:meth:`MetaOperator.write_once`):
+    when no other is in flight on a thread and the last one ended
+    :data:`LONE_GAP_S` or more before, there is nobody to share a group commit
+    with, so the thread would only wait for the same fsync, at the price of two
+    thread hand-offs. The loop then waits for that one commit (durable as
+    ever); anything that would make it wait longer (another commit in progress,
+    one newer than its snapshot, an inode-number reservation) sends the
+    mutation to a thread instead, as does a retryable failure.
+
     Args:
         op: the operator.
         inline_reads: None: decide by the KV engine (:func:`local_reads`).
@@ -186,6 +205,11 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         self.op = op
         self.inline_reads = local_reads(op.db) if inline_reads is None else inline_reads
         self._inline = MetaOperator.INLINE_READS if self.inline_reads else frozenset()
+        self._writes = MetaOperator.INLINE_WRITES
+        self.inline_writes = self.inline_reads
+        self._writes_off_loop = 0  # mutations on worker threads now
+        self._write_ended = 0.0  # perf_counter() when the last mutation ended
+        self.writes_inline = 0  # mutations committed on the loop (metrics, tests)
         self.stats = RequestStats()
 
     async def _run(self, fn: Callable[[Any], Any], request: Any) -> Any:
@@ -204,6 +228,39 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
             else:
                 self.stats.ok(name, perf_counter() - t0)
                 return resp
+        if name not in self._writes:
+            return await self._off_loop(fn, request, name, t0)
+        if (
+            self.inline_writes
+            and not self._writes_off_loop
+            and t0 - self._write_ended >= LONE_GAP_S
+        ):
+            try:
+                resp = self.op.write_once(name, request)
+            except WouldWait:
+                pass
+            except FsError as e:
+                if not e.retryable:
+                    self._write_ended = perf_counter()
+                    self.stats.observe(name, _outcome(e), self._write_ended - t0)
+                    raise
+            except Exception:
+                self._write_ended = perf_counter()
+                self.stats.observe(name, "internal", self._write_ended - t0)
+                raise
+            else:
+                self.writes_inline += 1
+                self._write_ended = perf_counter()
+                self.stats.ok(name, self._write_ended - t0)
+                return resp
+        self._writes_off_loop += 1
+        try:
+            return await self._off_loop(fn, request, name, t0)
+        finally:
+            self._writes_off_loop -= 1
+            self._write_ended = perf_counter()
+
+    async def _off_loop(self, fn: Callable[[Any], Any], request: Any, name: str, t0: float) -> Any:
         outcome = "ok"
         try:
             return await asyncio.to_thread(fn, request)

@@ -205,6 +205,32 @@ def test_serializable_read_of_concurrently_written_key_conflicts(kv: TestKV) -> 
     assert _read(kv.db, other) is None  # nothing of t1 was applied
 
 
+def test_commit_now_commits_or_leaves_nothing_and_never_skips_validation(kv: TestKV) -> None:
+    """``commit_now`` (an event loop's commit: never waits for others) either commits,
+    visibly, or returns False having written nothing; a transaction whose read was
+    overwritten never commits through it."""
+    key, other = kv.k("now", "k"), kv.k("now", "other")
+    t = kv.db.create_transaction()
+    assert t.get(key) is None
+    t.set(key, b"0")
+    if t.commit_now():
+        assert _read(kv.db, key) == b"0"
+    else:
+        assert _read(kv.db, key) is None
+        kv.db.run(lambda tr: tr.set(key, b"0"))
+    t1 = kv.db.create_transaction()
+    assert t1.get(key) == b"0"
+    kv.db.run(lambda tr: tr.set(key, b"2"))
+    t1.set(other, b"1")
+    try:
+        committed = t1.commit_now()
+    except FsError as e:
+        assert e.code == Code.KV_CONFLICT and e.retryable
+        committed = False
+    assert not committed
+    assert _read(kv.db, other) is None
+
+
 @pytest.mark.timeout(30)
 def test_range_read_conflicts_with_insert_into_range(kv: TestKV) -> None:
     kv.db.run(lambda tr: [tr.set(kv.k("ph", i), b"x") for i in (0, 10, 20)])

@@ -598,3 +598,68 @@ def test_snapshot_get_is_one_statement_without_begin(path: str) -> None:
         traced.clear()
         assert db.snapshot_get([b"a"]) == [b"1"]
         assert len(traced) == 1, traced
+
+
+@pytest.mark.timeout(20)
+def test_commit_now_commits_alone_and_durably_when_nothing_is_in_the_way(path: str) -> None:
+    with SqliteDatabase(path) as db:
+        tr = db.create_transaction()
+        assert tr.get(b"k") is None
+        tr.set(b"k", b"v")
+        assert tr.commit_now()
+        assert (db.commits, db.batches) == (1, 1)
+        ro = db.create_transaction()
+        assert ro.get(b"k") == b"v"
+        assert ro.commit_now()  # read-only: nothing to write, nothing to wait for
+    # another connection (as after a restart) sees it
+    with SqliteDatabase(path) as db2:
+        assert db2.run(lambda tr: tr.get(b"k")) == b"v"
+
+
+@pytest.mark.timeout(20)
+def test_commit_now_refuses_to_wait_and_writes_nothing(path: str) -> None:
+    """Each case where a commit would have to queue: False at once, nothing written,
+    the transaction finished; the same writes then commit the ordinary way."""
+    with SqliteDatabase(path) as db:
+        # 1. a batch (another thread's commit) in progress
+        held = _HeldCommits(db)
+        tr = db.create_transaction()
+        tr.get(b"a")
+        tr.set(b"a", b"1")
+        t0 = time.monotonic()
+        assert not tr.commit_now()
+        assert time.monotonic() - t0 < 1.0
+        held.release()
+        with pytest.raises(FsError):
+            tr.commit()  # finished: it cannot be committed again
+        # 2. somebody committed after its snapshot (it must be validated in a batch)
+        stale = db.create_transaction()
+        stale.get(b"b")
+        stale.set(b"b", b"stale")
+        db.run(lambda t: t.set(b"other", b"x"))
+        assert not stale.commit_now()
+        # 3. blind writes: no snapshot to upgrade in place
+        blind = db.create_transaction()
+        blind.set(b"c", b"1")
+        assert not blind.commit_now()
+        # 4. another process holds SQLite's write lock: refused at once, no busy wait
+        other = sqlite3.connect(path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            locked = db.create_transaction()
+            locked.get(b"d")
+            locked.set(b"d", b"1")
+            t0 = time.monotonic()
+            assert not locked.commit_now()
+            assert time.monotonic() - t0 < 1.0  # busy_timeout is 10 s
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert db.commits == 1  # only the "other" write
+        for k in (b"a", b"b", b"c", b"d"):
+            assert db.run(lambda t, k=k: t.get(k)) is None
+        again = db.create_transaction()
+        again.get(b"a")
+        again.set(b"a", b"1")
+        assert again.commit_now()
+        assert db.run(lambda t: t.get(b"a")) == b"1"

@@ -364,3 +364,140 @@ def _await_queued(db: object, n: int) -> int:
     while db._group.queued < n and time.monotonic() < deadline:  # type: ignore[attr-defined]
         time.sleep(0.005)
     return db._group.queued  # type: ignore[attr-defined,no-any-return]
+
+
+def _sqlite_servicer(tmp_path, *, reserve: bool = True) -> tuple[MetaServicer, object]:
+    from fs3.meta.layout import StaticChainTables
+
+    db = open_database(f"sqlite://{tmp_path}/kv.db")
+    op = MetaOperator(db, chains=StaticChainTables({1: [1, 2, 3]}))
+    if reserve:
+        op.alloc.give_back(op.alloc.allocate())  # inode numbers at hand
+    return MetaServicer(op), db
+
+
+def _create(name: bytes, rid: str = "") -> meta_pb2.CreateRequest:
+    import os
+
+    return meta_pb2.CreateRequest(
+        user=ROOT,
+        request_id=rid or name.hex(),
+        parent=1,
+        name=name,
+        mode=0o644,
+        flags=os.O_CREAT | os.O_EXCL | os.O_WRONLY,
+        client_id="c",
+    )
+
+
+def _no_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record (and refuse) every hand-off of the servicer to a worker thread."""
+    from fs3.meta import service
+
+    hops: list[str] = []
+
+    async def to_thread(fn, *args, **kw):  # type: ignore[no-untyped-def]
+        hops.append(fn.__name__)
+        return fn(*args, **kw)
+
+    monkeypatch.setattr(service.asyncio, "to_thread", to_thread)
+    return hops
+
+
+def test_lone_mutations_commit_on_the_loop_durably(tmp_path, monkeypatch) -> None:
+    """One client's mutations, one after another: each commits on the event loop (no
+    thread hand-off), one KV commit each, and is in the file when acknowledged."""
+    from fs3.meta import service
+
+    monkeypatch.setattr(service, "LONE_GAP_S", 0.0)
+    hops = _no_threads(monkeypatch)
+    svc, db = _sqlite_servicer(tmp_path)
+    commits0 = db.commits  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        sessions = []
+        for i in range(5):
+            r = await svc.Create(_create(b"f%d" % i), None)
+            assert r.created and r.session_id
+            sessions.append(meta_pb2.SessionRef(inode=r.attr.inode, session_id=r.session_id))
+        closed = await svc.CloseSessions(
+            meta_pb2.CloseSessionsRequest(user=ROOT, sessions=sessions), None
+        )
+        assert closed.closed == 5
+        await svc.Mkdir(
+            meta_pb2.MkdirRequest(user=ROOT, request_id="m", parent=1, name=b"d", mode=0o755),
+            None,
+        )
+        await svc.Unlink(
+            meta_pb2.RemoveRequest(user=ROOT, request_id="u", parent=1, name=b"f0"), None
+        )
+
+    asyncio.run(main())
+    assert hops == []
+    assert svc.writes_inline == 8
+    assert db.commits - commits0 == 8  # type: ignore[attr-defined]
+    db.close()  # type: ignore[attr-defined]
+    other = MetaOperator(open_database(f"sqlite://{tmp_path}/kv.db"))
+    names = {
+        e.name
+        for e in other.readdir(meta_pb2.ReadDirRequest(user=ROOT, inode=1, limit=100)).entries
+    }
+    assert {b"f1", b"f2", b"f3", b"f4", b"d"} <= names and b"f0" not in names
+    other.db.close()
+
+
+def test_inline_mutation_errors_are_final(tmp_path, monkeypatch) -> None:
+    from fs3.meta import service
+
+    monkeypatch.setattr(service, "LONE_GAP_S", 0.0)
+    hops = _no_threads(monkeypatch)
+    svc, db = _sqlite_servicer(tmp_path)
+
+    async def main() -> None:
+        await svc.Create(_create(b"f", "r1"), None)
+        with pytest.raises(FsError) as ei:
+            await svc.Create(_create(b"f", "r2"), None)  # O_EXCL on an existing name
+        assert ei.value.errno == errno.EEXIST
+
+    asyncio.run(main())
+    assert hops == [] and svc.writes_inline == 1
+    db.close()  # type: ignore[attr-defined]
+
+
+def test_a_mutation_that_would_wait_goes_to_a_thread(tmp_path, monkeypatch) -> None:
+    """Inode numbers to reserve (a commit of its own), an injected retryable commit
+    failure, a mutation hard on the heels of another: each runs on a worker thread
+    instead, exactly once."""
+    from fs3.meta import service
+
+    monkeypatch.setattr(service, "LONE_GAP_S", 0.0)
+    hops = _no_threads(monkeypatch)
+    svc, db = _sqlite_servicer(tmp_path, reserve=False)
+    commits0 = db.commits  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        await svc.Create(_create(b"a"), None)  # no inode numbers reserved yet
+        assert (hops, svc.writes_inline) == (["create"], 0)
+        with faults.inject(1.0, points={"kv.commit"}, max_faults=1) as scope:
+            await svc.Create(_create(b"b"), None)
+        assert scope.injected == {"kv.commit": 1}
+        assert (hops, svc.writes_inline) == (["create", "create"], 0)
+        await svc.Create(_create(b"c"), None)
+        assert (hops, svc.writes_inline) == (["create", "create"], 1)
+        monkeypatch.setattr(service, "LONE_GAP_S", 3600.0)
+        await svc.Create(_create(b"d"), None)  # "right after" the last one
+        assert (hops, svc.writes_inline) == (["create", "create", "create"], 1)
+
+    asyncio.run(main())
+    ops = svc.op
+    for name in (b"a", b"b", b"c", b"d"):
+        ops.lookup(meta_pb2.LookupRequest(user=ROOT, parent=1, name=name))
+    # 4 creates + 1 reservation: the failed inline attempts wrote nothing
+    assert db.commits - commits0 == 5  # type: ignore[attr-defined]
+    db.close()  # type: ignore[attr-defined]
+
+
+def test_write_once_only_for_mutations() -> None:
+    op = _op()
+    with pytest.raises(FsError):
+        op.write_once("lookup", meta_pb2.LookupRequest(user=ROOT, parent=1, name=b"."))
