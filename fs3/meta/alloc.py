@@ -27,7 +27,12 @@ class InodeAllocator:
         self.db = db
         self.batch = batch
         self._free: deque[int] = deque()
+        # Two locks: ``_lock`` only guards ``_free`` (held for a deque operation),
+        # ``_reserving`` serialises reservations (held across a KV commit). The
+        # event loop takes ``_lock`` alone (try_allocate, give_back), so a
+        # reservation on a worker thread never blocks it.
         self._lock = threading.Lock()
+        self._reserving = threading.Lock()
         self.reservations = 0
 
     def _reserve(self) -> list[int]:
@@ -46,13 +51,21 @@ class InodeAllocator:
 
     def allocate(self) -> int:
         """A fresh inode number (may run a small KV transaction)."""
-        with self._lock:
-            if not self._free:
-                self._free.extend(self._reserve())
-            return self._free.popleft()
+        while True:
+            got = self.try_allocate()
+            if got is not None:
+                return got
+            with self._reserving:
+                with self._lock:
+                    if self._free:  # another thread reserved meanwhile
+                        continue
+                ids = self._reserve()
+                with self._lock:
+                    self._free.extend(ids)
 
     def try_allocate(self) -> int | None:
-        """A fresh inode number if one is reserved already, else None (no KV transaction)."""
+        """A fresh inode number if one is reserved already, else None (no KV
+        transaction, and never waits for a reservation in progress)."""
         with self._lock:
             return self._free.popleft() if self._free else None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -207,7 +208,8 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         self._inline = MetaOperator.INLINE_READS if self.inline_reads else frozenset()
         self._writes = MetaOperator.INLINE_WRITES
         self.inline_writes = self.inline_reads
-        self._writes_off_loop = 0  # mutations on worker threads now
+        self._writes_off_loop = 0  # mutations on worker threads now (under _count_lock)
+        self._count_lock = threading.Lock()
         self._write_ended = 0.0  # perf_counter() when the last mutation ended
         self.writes_inline = 0  # mutations committed on the loop (metrics, tests)
         self.stats = RequestStats()
@@ -253,12 +255,22 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
                 self._write_ended = perf_counter()
                 self.stats.ok(name, self._write_ended - t0)
                 return resp
-        self._writes_off_loop += 1
-        try:
-            return await self._off_loop(fn, request, name, t0)
-        finally:
-            self._writes_off_loop -= 1
-            self._write_ended = perf_counter()
+        with self._count_lock:
+            self._writes_off_loop += 1
+
+        @functools.wraps(fn)
+        def on_thread(req: Any) -> Any:
+            # counted until the thread is done, not until the awaiting task is:
+            # a cancelled call (its deadline passed) leaves its thread running,
+            # and a mutation inlined meanwhile would wait for that one's locks
+            try:
+                return fn(req)
+            finally:
+                with self._count_lock:
+                    self._writes_off_loop -= 1
+                    self._write_ended = perf_counter()
+
+        return await self._off_loop(on_thread, request, name, t0)
 
     async def _off_loop(self, fn: Callable[[Any], Any], request: Any, name: str, t0: float) -> Any:
         outcome = "ok"

@@ -130,3 +130,36 @@ def test_fast_keys_match_tuple_layer() -> None:
     for n in range(10):  # every byte-count boundary of the integer encoding
         for v in ((1 << 8 * n) - 2, (1 << 8 * n) - 1, 1 << 8 * n):
             assert S.inode_key(v) == K.pack("in", v)
+
+
+def test_try_allocate_never_waits_for_a_reservation_in_progress() -> None:
+    """The meta server's event loop takes numbers with try_allocate and gives them
+    back with give_back; a reservation (a KV commit, on a worker thread) in progress
+    must not block either."""
+    db = open_database("memory://")
+    a = InodeAllocator(db, batch=4)
+    first = a.allocate()  # numbers reserved
+    inside, release = threading.Event(), threading.Event()
+    reserve = a._reserve
+
+    def slow_reserve() -> list[int]:
+        inside.set()
+        assert release.wait(10)
+        return reserve()
+
+    a._reserve = slow_reserve  # type: ignore[method-assign]
+    while a.try_allocate() is not None:
+        pass
+    t = threading.Thread(target=a.allocate)
+    t.start()
+    try:
+        assert inside.wait(10)
+        got: list[object] = []
+        probe = threading.Thread(target=lambda: got.extend([a.try_allocate(), a.give_back(first)]))
+        probe.start()
+        probe.join(2)
+        assert not probe.is_alive(), "try_allocate/give_back waited for the reservation"
+        assert got == [None, None]
+    finally:
+        release.set()
+        t.join(10)

@@ -497,6 +497,52 @@ def test_a_mutation_that_would_wait_goes_to_a_thread(tmp_path, monkeypatch) -> N
     db.close()  # type: ignore[attr-defined]
 
 
+def test_a_cancelled_mutation_counts_as_off_loop_until_its_thread_ends(
+    tmp_path, monkeypatch
+) -> None:
+    """A call whose deadline passed is cancelled, but its worker thread runs on
+    (here: inside an inode-number reservation). Until that thread is done no
+    mutation may run on the loop, or the loop would wait for that thread's locks."""
+    import threading
+    import time
+
+    from fs3.meta import service
+
+    monkeypatch.setattr(service, "LONE_GAP_S", 0.0)
+    svc, db = _sqlite_servicer(tmp_path, reserve=False)
+    inside, release = threading.Event(), threading.Event()
+    reserve = svc.op.alloc._reserve
+
+    def slow_reserve() -> list[int]:
+        inside.set()
+        assert release.wait(10)
+        return reserve()
+
+    monkeypatch.setattr(svc.op.alloc, "_reserve", slow_reserve)
+
+    async def main() -> None:
+        call = asyncio.ensure_future(svc.Create(_create(b"a"), None))
+        assert await asyncio.to_thread(inside.wait, 10)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert svc._writes_off_loop == 1  # its thread still runs
+        release.set()
+
+        def thread_done() -> bool:
+            deadline = time.monotonic() + 10
+            while svc._writes_off_loop and time.monotonic() < deadline:
+                time.sleep(0.001)
+            return not svc._writes_off_loop
+
+        assert await asyncio.to_thread(thread_done)
+        r = await svc.Create(_create(b"b"), None)  # lone again: on the loop
+        assert r.created and svc.writes_inline == 1
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+    db.close()  # type: ignore[attr-defined]
+
+
 def test_write_once_only_for_mutations() -> None:
     op = _op()
     with pytest.raises(FsError):
